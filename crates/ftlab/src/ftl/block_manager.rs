@@ -1,0 +1,269 @@
+//! Superblock states, valid-page bitmaps and counts, the free pool, erase counts, and the greedy
+//! victim index.
+//!
+//! Owns: which physical pages hold live data and which superblocks are free, open or in use.
+//! Does not know: logical addresses, timing, or why a page became invalid.
+//!
+//! Greedy victim choice is O(1) amortised: used superblocks sit in intrusive doubly linked lists
+//! bucketed by valid-page count (flat `next`/`prev` arrays, no allocation), and `min_bucket` never
+//! overshoots the emptiest non-empty bucket.
+
+use crate::geometry::Geometry;
+use std::collections::VecDeque;
+
+pub const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SuperblockState {
+    Free,
+    /// A frontier is filling it.
+    Open,
+    /// Full, a GC candidate.
+    Used,
+    /// Chosen by GC; its valid pages are being moved out.
+    Victim,
+}
+
+#[derive(Clone, Debug)]
+pub struct BlockManager {
+    pages_per_superblock: u32,
+    words_per_superblock: usize,
+    state: Vec<SuperblockState>,
+    stream: Vec<u8>,
+    valid_count: Vec<u32>,
+    valid_bits: Vec<u64>,
+    erase_count: Vec<u32>,
+    free: VecDeque<u32>,
+    bucket_head: Vec<u32>,
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    min_bucket: u32,
+}
+
+impl BlockManager {
+    pub fn new(geometry: &Geometry) -> Self {
+        let n = geometry.superblocks as usize;
+        let pps = geometry.pages_per_superblock;
+        let words = (pps as usize).div_ceil(64);
+        Self {
+            pages_per_superblock: pps,
+            words_per_superblock: words,
+            state: vec![SuperblockState::Free; n],
+            stream: vec![0; n],
+            valid_count: vec![0; n],
+            valid_bits: vec![0; n * words],
+            erase_count: vec![0; n],
+            free: (0..n as u32).collect(),
+            bucket_head: vec![NONE; pps as usize + 1],
+            next: vec![NONE; n],
+            prev: vec![NONE; n],
+            min_bucket: pps + 1,
+        }
+    }
+
+    pub fn free_count(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    pub fn state(&self, superblock: u32) -> SuperblockState {
+        self.state[superblock as usize]
+    }
+
+    pub fn stream_of(&self, superblock: u32) -> u8 {
+        self.stream[superblock as usize]
+    }
+
+    pub fn valid_count(&self, superblock: u32) -> u32 {
+        self.valid_count[superblock as usize]
+    }
+
+    /// Erases of each physical block of this superblock (they are always erased together).
+    pub fn erase_count(&self, superblock: u32) -> u32 {
+        self.erase_count[superblock as usize]
+    }
+
+    pub fn erase_counts(&self) -> &[u32] {
+        &self.erase_count
+    }
+
+    /// The oldest free superblock (FIFO reuse spreads erases), now open for `stream`.
+    pub fn take_free(&mut self, stream: u8) -> Option<u32> {
+        let sb = self.free.pop_front()?;
+        debug_assert_eq!(self.state[sb as usize], SuperblockState::Free);
+        debug_assert_eq!(self.valid_count[sb as usize], 0);
+        self.state[sb as usize] = SuperblockState::Open;
+        self.stream[sb as usize] = stream;
+        Some(sb)
+    }
+
+    /// A full open superblock becomes a GC candidate.
+    pub fn close(&mut self, superblock: u32) {
+        debug_assert_eq!(self.state[superblock as usize], SuperblockState::Open);
+        self.state[superblock as usize] = SuperblockState::Used;
+        self.link(superblock, self.valid_count[superblock as usize]);
+    }
+
+    #[inline]
+    pub fn is_valid(&self, ppn: u32) -> bool {
+        let (sb, slot) = self.split(ppn);
+        let word = self.valid_bits[sb * self.words_per_superblock + slot / 64];
+        word & (1u64 << (slot % 64)) != 0
+    }
+
+    #[inline]
+    fn split(&self, ppn: u32) -> (usize, usize) {
+        (
+            (ppn / self.pages_per_superblock) as usize,
+            (ppn % self.pages_per_superblock) as usize,
+        )
+    }
+
+    /// A page of an open superblock was just programmed with live data.
+    #[inline]
+    pub fn mark_valid(&mut self, ppn: u32) {
+        let (sb, slot) = self.split(ppn);
+        debug_assert_eq!(self.state[sb], SuperblockState::Open);
+        let word = &mut self.valid_bits[sb * self.words_per_superblock + slot / 64];
+        let bit = 1u64 << (slot % 64);
+        debug_assert!(*word & bit == 0, "ppn {ppn} programmed twice");
+        *word |= bit;
+        self.valid_count[sb] += 1;
+    }
+
+    /// The data in `ppn` was overwritten, trimmed, or relocated.
+    #[inline]
+    pub fn invalidate(&mut self, ppn: u32) {
+        let (sb, slot) = self.split(ppn);
+        let word = &mut self.valid_bits[sb * self.words_per_superblock + slot / 64];
+        let bit = 1u64 << (slot % 64);
+        assert!(*word & bit != 0, "ppn {ppn} invalidated but not valid");
+        *word &= !bit;
+        let count = self.valid_count[sb];
+        self.valid_count[sb] = count - 1;
+        if self.state[sb] == SuperblockState::Used {
+            let sb = sb as u32;
+            self.unlink(sb, count);
+            self.link(sb, count - 1);
+        }
+    }
+
+    /// The used superblock with the fewest valid pages, if it has at least `min_invalid` invalid
+    /// pages. It leaves the candidate index until [`erase`](Self::erase).
+    pub fn pick_victim(&mut self, min_invalid: u32) -> Option<u32> {
+        let limit = self.pages_per_superblock.checked_sub(min_invalid.max(1))?;
+        while self.min_bucket <= limit && self.bucket_head[self.min_bucket as usize] == NONE {
+            self.min_bucket += 1;
+        }
+        if self.min_bucket > limit {
+            return None;
+        }
+        let sb = self.bucket_head[self.min_bucket as usize];
+        self.unlink(sb, self.min_bucket);
+        self.state[sb as usize] = SuperblockState::Victim;
+        Some(sb)
+    }
+
+    /// Valid-page bitmap words of a superblock (bit i = slot i).
+    #[inline]
+    pub fn valid_words(&self, superblock: u32) -> &[u64] {
+        let start = superblock as usize * self.words_per_superblock;
+        &self.valid_bits[start..start + self.words_per_superblock]
+    }
+
+    /// An emptied victim is erased and returns to the free pool.
+    pub fn erase(&mut self, superblock: u32) {
+        let sb = superblock as usize;
+        assert_eq!(self.state[sb], SuperblockState::Victim);
+        assert_eq!(
+            self.valid_count[sb], 0,
+            "erasing superblock {sb} with valid pages"
+        );
+        self.state[sb] = SuperblockState::Free;
+        self.erase_count[sb] += 1;
+        self.free.push_back(superblock);
+    }
+
+    fn link(&mut self, sb: u32, bucket: u32) {
+        let head = self.bucket_head[bucket as usize];
+        self.next[sb as usize] = head;
+        self.prev[sb as usize] = NONE;
+        if head != NONE {
+            self.prev[head as usize] = sb;
+        }
+        self.bucket_head[bucket as usize] = sb;
+        self.min_bucket = self.min_bucket.min(bucket);
+    }
+
+    fn unlink(&mut self, sb: u32, bucket: u32) {
+        let (p, n) = (self.prev[sb as usize], self.next[sb as usize]);
+        if p == NONE {
+            debug_assert_eq!(self.bucket_head[bucket as usize], sb);
+            self.bucket_head[bucket as usize] = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n != NONE {
+            self.prev[n as usize] = p;
+        }
+    }
+
+    /// Counts per state: (free, open, used, victim).
+    pub fn state_counts(&self) -> (u32, u32, u32, u32) {
+        let mut c = (0, 0, 0, 0);
+        for s in &self.state {
+            match s {
+                SuperblockState::Free => c.0 += 1,
+                SuperblockState::Open => c.1 += 1,
+                SuperblockState::Used => c.2 += 1,
+                SuperblockState::Victim => c.3 += 1,
+            }
+        }
+        c
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.state.len() * (1 + 1 + 4 + 4 + 4 + 4)
+            + self.valid_bits.len() * 8
+            + self.free.capacity() * 4
+            + self.bucket_head.len() * 4
+    }
+
+    /// Panics with a description if any internal relation is broken.
+    pub fn check_invariants(&self) {
+        let n = self.state.len();
+        for sb in 0..n {
+            let bits: u32 = self
+                .valid_words(sb as u32)
+                .iter()
+                .map(|w| w.count_ones())
+                .sum();
+            assert_eq!(
+                bits, self.valid_count[sb],
+                "superblock {sb}: bitmap vs count"
+            );
+        }
+        let (free, open, used, victim) = self.state_counts();
+        assert_eq!(free + open + used + victim, n as u32);
+        assert_eq!(free as usize, self.free.len(), "free pool vs Free states");
+        for &sb in &self.free {
+            assert_eq!(self.state[sb as usize], SuperblockState::Free);
+        }
+        // Every used superblock is in exactly the bucket of its valid count.
+        let mut seen = 0;
+        for (bucket, &head) in self.bucket_head.iter().enumerate() {
+            let mut sb = head;
+            let mut prev = NONE;
+            while sb != NONE {
+                assert_eq!(self.state[sb as usize], SuperblockState::Used);
+                assert_eq!(self.valid_count[sb as usize] as usize, bucket);
+                assert_eq!(self.prev[sb as usize], prev);
+                assert!(bucket as u32 >= self.min_bucket, "min_bucket overshoots");
+                seen += 1;
+                prev = sb;
+                sb = self.next[sb as usize];
+            }
+        }
+        assert_eq!(seen, used, "used superblocks missing from the victim index");
+    }
+}

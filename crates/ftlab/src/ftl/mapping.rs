@@ -1,0 +1,78 @@
+//! The logical-to-physical mapping table, behind one trait so that other encodings (hash, learned,
+//! demand-paged) plug into the same FTL. The FTL is generic over it: one monomorphised hot path per
+//! table, no dynamic dispatch per page.
+
+/// Maps logical page numbers to physical page numbers. LPNs are `< logical_pages`; PPNs fit in
+/// u32 (the geometry guarantees it) and `u32::MAX` is never a valid PPN.
+pub trait MappingTable {
+    fn name(&self) -> &'static str;
+    fn get(&self, lpn: u32) -> Option<u32>;
+    /// Maps `lpn` to `ppn`, returning the previous PPN.
+    fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32>;
+    /// Unmaps `lpn` (TRIM), returning the previous PPN.
+    fn remove(&mut self, lpn: u32) -> Option<u32>;
+    fn live_mappings(&self) -> u64;
+    /// Bytes of DRAM the table occupies (heap included).
+    fn heap_bytes(&self) -> usize;
+}
+
+const UNMAPPED: u32 = u32::MAX;
+
+/// One u32 per logical page: 4 bytes x capacity / page size, the DRAM a page-level FTL needs.
+#[derive(Clone, Debug)]
+pub struct FlatMapping {
+    ppn_of_lpn: Vec<u32>,
+    live: u64,
+}
+
+impl FlatMapping {
+    pub fn new(logical_pages: u64) -> Self {
+        Self {
+            ppn_of_lpn: vec![UNMAPPED; logical_pages as usize],
+            live: 0,
+        }
+    }
+}
+
+impl MappingTable for FlatMapping {
+    fn name(&self) -> &'static str {
+        "flat"
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        let ppn = self.ppn_of_lpn[lpn as usize];
+        (ppn != UNMAPPED).then_some(ppn)
+    }
+
+    #[inline]
+    fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
+        debug_assert_ne!(ppn, UNMAPPED);
+        let old = std::mem::replace(&mut self.ppn_of_lpn[lpn as usize], ppn);
+        if old == UNMAPPED {
+            self.live += 1;
+            None
+        } else {
+            Some(old)
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, lpn: u32) -> Option<u32> {
+        let old = std::mem::replace(&mut self.ppn_of_lpn[lpn as usize], UNMAPPED);
+        if old == UNMAPPED {
+            None
+        } else {
+            self.live -= 1;
+            Some(old)
+        }
+    }
+
+    fn live_mappings(&self) -> u64 {
+        self.live
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.ppn_of_lpn.capacity() * std::mem::size_of::<u32>()
+    }
+}

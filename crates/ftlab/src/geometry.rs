@@ -1,0 +1,266 @@
+//! Device geometry, computed once from the configuration with its relations checked; every other
+//! module asks it instead of recomputing (FEMU's `ssdparams` habit).
+//!
+//! Address layout. Dies are numbered channel-fastest (`die = lun * channels + channel`), so that
+//! consecutive dies sit on different channels. A *superblock* is the allocation and GC unit: one
+//! block on each of `superblock_dies` consecutive dies (FEMU's "line" when it spans all dies).
+//! A physical page number is `ppn = superblock * pages_per_superblock + slot`, and slot `k` of a
+//! superblock is page `k / superblock_dies` of the block on die `k % superblock_dies` of its group:
+//! writes filling a superblock in slot order are striped across channels, then dies, then pages.
+
+use crate::config::{Config, ConfigError};
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Geometry {
+    pub channels: u32,
+    pub dies_per_channel: u32,
+    pub planes_per_die: u32,
+    pub blocks_per_die: u32,
+    pub pages_per_block: u32,
+    pub page_size_bytes: u32,
+    pub dies: u32,
+    pub superblock_dies: u32,
+    /// Groups of `superblock_dies` dies; superblock `s` lives on group `s % superblock_groups`.
+    pub superblock_groups: u32,
+    pub superblocks: u32,
+    pub pages_per_superblock: u32,
+    pub physical_pages: u64,
+    pub logical_pages: u64,
+    /// Superblocks that must stay free: foreground GC below this (see `FtlConfig`).
+    pub free_superblocks_min: u32,
+    /// Background GC while free superblocks <= this (FEMU's `gc_thres_lines`); None = never.
+    pub gc_background_free_superblocks: Option<u32>,
+    /// Foreground GC while free superblocks <= this (`gc_thres_lines_high`); None = never.
+    pub gc_foreground_free_superblocks: Option<u32>,
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+impl Geometry {
+    pub fn from_config(config: &Config) -> Result<Geometry, ConfigError> {
+        let f = &config.flash;
+        for (key, v) in [
+            ("flash.channels", f.channels),
+            ("flash.dies_per_channel", f.dies_per_channel),
+            ("flash.planes_per_die", f.planes_per_die),
+            ("flash.blocks_per_die", f.blocks_per_die),
+            ("flash.pages_per_block", f.pages_per_block),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if f.page_size_bytes < 512 || !f.page_size_bytes.is_power_of_two() {
+            return Err(invalid(
+                "flash.page_size_bytes",
+                format!(
+                    "{} is not a power of two >= 512 (sectors are 512 bytes)",
+                    f.page_size_bytes
+                ),
+            ));
+        }
+        if f.blocks_per_die % f.planes_per_die != 0 {
+            return Err(invalid(
+                "flash.blocks_per_die",
+                "must be a multiple of flash.planes_per_die (blocks are spread evenly over planes)",
+            ));
+        }
+        let dies = u64::from(f.channels) * u64::from(f.dies_per_channel);
+        if dies > 1 << 16 {
+            return Err(invalid("flash.channels", "more than 65536 dies in total"));
+        }
+        let dies = dies as u32;
+        let superblock_dies = if f.superblock_dies == 0 {
+            dies
+        } else {
+            f.superblock_dies
+        };
+        if superblock_dies > dies || dies % superblock_dies != 0 {
+            return Err(invalid(
+                "flash.superblock_dies",
+                format!("{superblock_dies} must divide the {dies} dies (0 = all dies)"),
+            ));
+        }
+        let superblock_groups = dies / superblock_dies;
+        let superblocks = u64::from(superblock_groups) * u64::from(f.blocks_per_die);
+        let pages_per_superblock = u64::from(superblock_dies) * u64::from(f.pages_per_block);
+        let physical_pages = superblocks * pages_per_superblock;
+        // Flat tables index pages with u32 and reserve u32::MAX as "none".
+        if physical_pages >= u64::from(u32::MAX) || pages_per_superblock > 1 << 24 {
+            return Err(invalid(
+                "flash.blocks_per_die",
+                format!("{physical_pages} physical pages: at most 2^32 - 2 are supported"),
+            ));
+        }
+        let c = &config.capacity;
+        let given = [
+            c.logical_bytes.is_some(),
+            c.over_provisioning.is_some(),
+            c.spare_factor.is_some(),
+        ]
+        .iter()
+        .filter(|x| **x)
+        .count();
+        if given != 1 {
+            return Err(invalid(
+                "capacity",
+                "give exactly one of capacity.logical_bytes, capacity.over_provisioning, capacity.spare_factor",
+            ));
+        }
+        let logical_pages = if let Some(bytes) = c.logical_bytes {
+            if bytes % u64::from(f.page_size_bytes) != 0 {
+                return Err(invalid(
+                    "capacity.logical_bytes",
+                    "must be a multiple of flash.page_size_bytes",
+                ));
+            }
+            bytes / u64::from(f.page_size_bytes)
+        } else if let Some(rho) = c.over_provisioning {
+            if !(rho.is_finite() && rho > 0.0) {
+                return Err(invalid("capacity.over_provisioning", "must be > 0"));
+            }
+            (physical_pages as f64 / (1.0 + rho)).floor() as u64
+        } else {
+            let sf = c.spare_factor.expect("one capacity key is set");
+            if !(sf.is_finite() && sf > 0.0 && sf < 1.0) {
+                return Err(invalid(
+                    "capacity.spare_factor",
+                    "must be strictly between 0 and 1",
+                ));
+            }
+            (physical_pages as f64 * (1.0 - sf)).floor() as u64
+        };
+        let ftl = &config.ftl;
+        if ftl.mapping != "flat" {
+            return Err(invalid(
+                "ftl.mapping",
+                format!("`{}` is not available; this build has `flat`", ftl.mapping),
+            ));
+        }
+        if ftl.streams == 0 || ftl.streams > 64 {
+            return Err(invalid("ftl.streams", "must be in 1..=64"));
+        }
+        for (key, v) in [
+            ("ftl.gc_thres_pcent", ftl.gc_thres_pcent),
+            ("ftl.gc_thres_pcent_high", ftl.gc_thres_pcent_high),
+        ] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(invalid(key, format!("{v} is not a percentage in 0..=100")));
+            }
+        }
+        if ftl.gc_thres_pcent_high < ftl.gc_thres_pcent {
+            return Err(invalid(
+                "ftl.gc_thres_pcent_high",
+                "must be >= ftl.gc_thres_pcent (foreground GC starts later than background GC)",
+            ));
+        }
+        if ftl.gc_free_superblocks_min < 1 {
+            return Err(invalid(
+                "ftl.gc_free_superblocks_min",
+                "must be at least 1: GC needs a free superblock to copy into",
+            ));
+        }
+        let frontiers = ftl.streams * if ftl.gc_separate_frontier { 2 } else { 1 };
+        let reserved = u64::from(ftl.gc_free_superblocks_min) + u64::from(frontiers);
+        // GC can always reclaim space only if the valid data fits in the superblocks that are
+        // neither reserved free nor open, with at least one page of slack.
+        let usable_pages = superblocks.saturating_sub(reserved) * pages_per_superblock;
+        if logical_pages == 0 || logical_pages >= usable_pages {
+            return Err(invalid(
+                "capacity",
+                format!(
+                    "{logical_pages} logical pages do not fit: {superblocks} superblocks of {pages_per_superblock} pages, \
+                     {reserved} reserved for GC and open frontiers, leave {usable_pages}; raise over-provisioning"
+                ),
+            ));
+        }
+        let superblocks = superblocks as u32;
+        // FEMU: gc_thres_lines = (int)((1 - gc_thres_pcent) * tt_lines), GC while free <= it.
+        // 100 % means "never" here (FEMU would still collect at zero free lines).
+        let free_at = |pcent: f64| {
+            (pcent < 100.0).then(|| ((1.0 - pcent / 100.0) * f64::from(superblocks)).floor() as u32)
+        };
+        let timing_keys = [
+            ("flash.read_latency_ns", f.read_latency_ns),
+            ("flash.program_latency_ns", f.program_latency_ns),
+            ("flash.erase_latency_ns", f.erase_latency_ns),
+        ];
+        for (key, v) in timing_keys {
+            if v > 1_000_000_000_000 {
+                return Err(invalid(key, "more than 1000 s per operation"));
+            }
+        }
+        Ok(Geometry {
+            channels: f.channels,
+            dies_per_channel: f.dies_per_channel,
+            planes_per_die: f.planes_per_die,
+            blocks_per_die: f.blocks_per_die,
+            pages_per_block: f.pages_per_block,
+            page_size_bytes: f.page_size_bytes,
+            dies,
+            superblock_dies,
+            superblock_groups,
+            superblocks,
+            pages_per_superblock: pages_per_superblock as u32,
+            physical_pages,
+            logical_pages,
+            free_superblocks_min: ftl.gc_free_superblocks_min,
+            gc_background_free_superblocks: free_at(ftl.gc_thres_pcent),
+            gc_foreground_free_superblocks: free_at(ftl.gc_thres_pcent_high),
+        })
+    }
+
+    pub fn logical_bytes(&self) -> u64 {
+        self.logical_pages * u64::from(self.page_size_bytes)
+    }
+
+    pub fn physical_bytes(&self) -> u64 {
+        self.physical_pages * u64::from(self.page_size_bytes)
+    }
+
+    /// rho = (physical - logical) / logical.
+    pub fn over_provisioning(&self) -> f64 {
+        (self.physical_pages - self.logical_pages) as f64 / self.logical_pages as f64
+    }
+
+    #[inline]
+    pub fn superblock_of(&self, ppn: u32) -> u32 {
+        ppn / self.pages_per_superblock
+    }
+
+    /// The die a physical page lives on.
+    #[inline]
+    pub fn die_of(&self, ppn: u32) -> u32 {
+        let superblock = ppn / self.pages_per_superblock;
+        let slot = ppn % self.pages_per_superblock;
+        (superblock % self.superblock_groups) * self.superblock_dies + slot % self.superblock_dies
+    }
+
+    /// The die of slot-0 .. slot-(superblock_dies-1) of a superblock: its first die.
+    #[inline]
+    pub fn first_die_of_superblock(&self, superblock: u32) -> u32 {
+        (superblock % self.superblock_groups) * self.superblock_dies
+    }
+
+    #[inline]
+    pub fn channel_of_die(&self, die: u32) -> u32 {
+        die % self.channels
+    }
+
+    /// The physical block (die, block within die) holding a superblock's slice on `die`.
+    pub fn block_in_die(&self, superblock: u32) -> u32 {
+        superblock / self.superblock_groups
+    }
+}
+
+impl Config {
+    pub fn geometry(&self) -> Result<Geometry, ConfigError> {
+        Geometry::from_config(self)
+    }
+}

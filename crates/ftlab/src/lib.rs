@@ -1,0 +1,15 @@
+//! ftlab: a software SSD for FTL research. See ARCHITECTURE.md for the codemap.
+
+pub mod config;
+pub mod flash;
+pub mod ftl;
+pub mod geometry;
+pub mod report;
+pub mod request;
+pub mod rng;
+pub mod sim;
+pub mod trace;
+pub mod workload;
+
+pub use config::{Config, ConfigBuilder};
+pub use report::Report;

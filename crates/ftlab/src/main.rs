@@ -1,0 +1,248 @@
+//! The `ftlab` command line: the only place that does terminal I/O and turns errors into
+//! messages and exit codes.
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use ftlab::config::{ConfigBuilder, DEFAULT_PRESET, PRESETS};
+use ftlab::sim::{self, Progress};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+mod bench;
+mod plot;
+
+#[derive(Parser)]
+#[command(
+    name = "ftlab",
+    version,
+    about = "A fast, deterministic software SSD: what does an FTL design do to WAF, latency and DRAM?",
+    long_about = "ftlab simulates an SSD (NAND geometry and timing, page-mapping FTL, write buffer, \
+greedy GC, TRIM, streams) under a synthetic workload or a replayed block trace, and reports write \
+amplification, latency percentiles, IOPS and mapping-table DRAM in simulated time.\n\n\
+Examples:\n  ftlab sim                                   # FEMU-like device, 1 M uniform 4 KiB writes\n  \
+ftlab sim --preset validation-uniform       # the WAF reference check (expect ~7.62)\n  \
+ftlab sim --trace pgbench.nbdlog.gz --set capacity.logical_bytes=4294967296 --json r.json\n  \
+ftlab sim --set workload.kind=zipf --set workload.read_pcent=30 --set workload.queue_depth=64\n  \
+ftlab plot r.json                           # r-waf.png/svg, r-latency.png/svg\n  \
+ftlab bench                                 # simulator speed\n  \
+ftlab presets                               # list presets; ftlab config --preset hexa shows one"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a simulation and print its summary.
+    Sim(SimArgs),
+    /// Draw WAF-over-time and latency-CDF plots (PNG and SVG) from a JSON report.
+    Plot {
+        /// A report written by `ftlab sim --json`.
+        report: PathBuf,
+        /// Output path prefix (default: the report path without .json).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Measure simulator speed (simulated host page writes per wall second) and trace replay.
+    Bench(bench::BenchArgs),
+    /// List the built-in presets.
+    Presets,
+    /// Print the fully resolved configuration as TOML (a starting point for --config files).
+    Config(ConfigArgs),
+}
+
+#[derive(Args, Clone)]
+struct ConfigArgs {
+    /// Preset to start from: femu, hexa, validation-uniform.
+    #[arg(long, default_value = DEFAULT_PRESET)]
+    preset: String,
+    /// TOML file merged over the preset (may be given several times).
+    #[arg(long = "config", value_name = "FILE")]
+    configs: Vec<PathBuf>,
+    /// Override one key, e.g. --set flash.channels=4 --set capacity.over_provisioning=0.28.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+#[derive(Args)]
+struct SimArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Replay this trace (plain or gzip) instead of the configured generator.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Trace format; guessed from the content when omitted.
+    #[arg(long, value_parser = ["msr", "nbdkit", "disksim", "blkparse", "fio"])]
+    format: Option<String>,
+    /// Replay timing: open (trace timestamps) or closed (queue depth outstanding).
+    #[arg(long, value_parser = ["open", "closed"])]
+    replay: Option<String>,
+    /// Multiply trace inter-arrival times by this (0.5 = twice as fast).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// Count and skip malformed trace lines instead of stopping at the first.
+    #[arg(long)]
+    skip_bad_lines: bool,
+    /// Fold addresses beyond the logical capacity into it instead of failing.
+    #[arg(long)]
+    wrap: bool,
+    /// Sequential fill then random overwrite before measuring (workload.precondition).
+    #[arg(long)]
+    precondition: bool,
+    /// Workload seed (workload.seed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the time series as CSV here.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// No summary on stdout, no progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn build_config(args: &ConfigArgs, extra: &[String]) -> Result<ftlab::Config> {
+    let mut builder = ConfigBuilder::from_preset(&args.preset)?;
+    for path in &args.configs {
+        builder.merge_file(path)?;
+    }
+    for set in args.sets.iter().chain(extra) {
+        builder.set(set)?;
+    }
+    Ok(builder.build()?)
+}
+
+/// A progress bar that appears only on a terminal and only once a run has taken a second.
+pub struct ProgressView {
+    started: Instant,
+    bar: Option<ProgressBar>,
+    phase: String,
+    enabled: bool,
+}
+
+impl ProgressView {
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            started: Instant::now(),
+            bar: None,
+            phase: String::new(),
+            enabled: enabled && std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub fn update(&mut self, p: Progress) {
+        if !self.enabled || self.started.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        if self.bar.is_none() || self.phase != p.phase {
+            if let Some(b) = self.bar.take() {
+                b.finish_and_clear();
+            }
+            let bar = match p.total {
+                Some(t) => ProgressBar::with_draw_target(Some(t), ProgressDrawTarget::stderr())
+                    .with_style(
+                        ProgressStyle::with_template(
+                            "{msg:32} [{bar:40}] {percent:>3}% {human_pos}/{human_len} eta {eta}",
+                        )
+                        .expect("valid template")
+                        .progress_chars("=> "),
+                    ),
+                None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+                    .with_style(
+                        ProgressStyle::with_template("{msg:32} {spinner} {human_pos} requests")
+                            .expect("valid template"),
+                    ),
+            };
+            bar.set_message(p.phase.to_string());
+            self.phase = p.phase.to_string();
+            self.bar = Some(bar);
+        }
+        if let Some(b) = &self.bar {
+            b.set_position(p.done);
+        }
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn run_sim(args: SimArgs) -> Result<()> {
+    let mut extra = Vec::new();
+    if let Some(t) = &args.trace {
+        extra.push(format!(
+            "workload.trace={}",
+            toml_string(&t.display().to_string())
+        ));
+    }
+    if let Some(f) = &args.format {
+        extra.push(format!("workload.format={f}"));
+    }
+    if let Some(r) = &args.replay {
+        extra.push(format!("workload.replay={r}"));
+    }
+    if let Some(s) = args.time_scale {
+        extra.push(format!("workload.time_scale={s:?}"));
+    }
+    if args.skip_bad_lines {
+        extra.push("workload.skip_bad_lines=true".into());
+    }
+    if args.wrap {
+        extra.push("workload.wrap=true".into());
+    }
+    if args.precondition {
+        extra.push("workload.precondition=true".into());
+    }
+    if let Some(s) = args.seed {
+        extra.push(format!("workload.seed={s}"));
+    }
+    let config = build_config(&args.config, &extra)?;
+    let mut view = ProgressView::new(!args.quiet);
+    let report = sim::run(&config, &mut |p| view.update(p));
+    view.finish();
+    let report = report?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json())
+            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        std::fs::write(path, report.series_csv())
+            .with_context(|| format!("writing the CSV series to {}", path.display()))?;
+    }
+    if !args.quiet {
+        print!("{}", report.summary());
+    }
+    Ok(())
+}
+
+/// A TOML string literal for a path given on the command line.
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sim(args) => run_sim(args),
+        Command::Plot { report, out } => plot::run(&report, out.as_deref()),
+        Command::Bench(args) => bench::run(args),
+        Command::Presets => {
+            for p in PRESETS {
+                println!("{:<20} {}", p.name, p.summary);
+            }
+            Ok(())
+        }
+        Command::Config(args) => build_config(&args, &[]).map(|c| print!("{}", c.to_toml())),
+    };
+    if let Err(e) = result {
+        eprintln!("ftlab: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,513 @@
+//! Results: latency histograms and the time series while a run goes, then the [`Report`]:
+//! a human summary, the JSON document (schema in docs/report-schema.md) and CSV.
+//!
+//! The JSON holds only simulated quantities, so the same config and seed give the same bytes;
+//! wall-clock speed appears in the human summary alone.
+
+use crate::config::Config;
+use crate::ftl::mapping::MappingTable;
+use crate::ftl::{Ftl, FtlStats};
+use crate::request::{Op, Request};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+fn histogram() -> Histogram<u64> {
+    // 1 ns .. 1 hour, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One interval of the time series.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SeriesRow {
+    pub end_ns: u64,
+    pub host_write_pages: u64,
+    pub nand_write_pages: u64,
+    /// WAF within this interval (0 when the host wrote nothing).
+    pub waf: f64,
+    /// WAF since the measured phase began.
+    pub waf_cumulative: f64,
+    /// Requests arriving per simulated second in this interval.
+    pub iops: f64,
+    pub free_superblocks: u32,
+}
+
+pub struct Recorder {
+    read: Histogram<u64>,
+    write: Histogram<u64>,
+    trim: Histogram<u64>,
+    flush: Histogram<u64>,
+    read_bytes: u64,
+    write_bytes: u64,
+    interval_ns: u64,
+    next_boundary_ns: u64,
+    last_host: u64,
+    last_nand: u64,
+    requests_in_interval: u64,
+    series: Vec<SeriesRow>,
+}
+
+impl Recorder {
+    pub fn new(interval_ns: u64, start_ns: u64) -> Self {
+        Self {
+            read: histogram(),
+            write: histogram(),
+            trim: histogram(),
+            flush: histogram(),
+            read_bytes: 0,
+            write_bytes: 0,
+            interval_ns,
+            next_boundary_ns: start_ns + interval_ns,
+            last_host: 0,
+            last_nand: 0,
+            requests_in_interval: 0,
+            series: Vec::new(),
+        }
+    }
+
+    /// Closes every interval that ends at or before `now_ns`.
+    #[inline]
+    pub fn advance<M: MappingTable>(&mut self, now_ns: u64, ftl: &Ftl<M>) {
+        while now_ns >= self.next_boundary_ns {
+            self.close_interval(self.next_boundary_ns, self.interval_ns, ftl);
+            self.next_boundary_ns += self.interval_ns;
+        }
+    }
+
+    fn close_interval<M: MappingTable>(&mut self, end_ns: u64, width_ns: u64, ftl: &Ftl<M>) {
+        let s = ftl.stats();
+        let host = s.host_write_pages - self.last_host;
+        let nand = s.nand_write_pages() - self.last_nand;
+        self.series.push(SeriesRow {
+            end_ns,
+            host_write_pages: host,
+            nand_write_pages: nand,
+            waf: if host == 0 {
+                0.0
+            } else {
+                nand as f64 / host as f64
+            },
+            waf_cumulative: s.waf(),
+            iops: self.requests_in_interval as f64 * 1e9 / width_ns.max(1) as f64,
+            free_superblocks: ftl.free_superblocks(),
+        });
+        self.last_host = s.host_write_pages;
+        self.last_nand = s.nand_write_pages();
+        self.requests_in_interval = 0;
+    }
+
+    #[inline]
+    pub fn record(&mut self, request: &Request, arrival_ns: u64, completion_ns: u64) {
+        let latency = (completion_ns - arrival_ns).max(1);
+        let h = match request.op {
+            Op::Read => {
+                self.read_bytes += request.length_bytes;
+                &mut self.read
+            }
+            Op::Write => {
+                self.write_bytes += request.length_bytes;
+                &mut self.write
+            }
+            Op::Trim => &mut self.trim,
+            Op::Flush => &mut self.flush,
+        };
+        h.saturating_record(latency);
+        self.requests_in_interval += 1;
+    }
+
+    pub fn finish<M: MappingTable>(&mut self, end_ns: u64, ftl: &Ftl<M>) {
+        let start = self.next_boundary_ns - self.interval_ns;
+        if end_ns > start || self.series.is_empty() {
+            self.close_interval(end_ns, end_ns.saturating_sub(start), ftl);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+/// The latency CDF of one operation: (latency_ns, fraction of requests at or below it).
+pub type Cdf = Vec<(u64, f64)>;
+
+const CDF_QUANTILES: [f64; 22] = [
+    0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999,
+    0.9995, 0.9999, 0.99995, 0.99999, 1.0,
+];
+
+fn summarize(h: &Histogram<u64>) -> LatencySummary {
+    if h.is_empty() {
+        return LatencySummary::default();
+    }
+    LatencySummary {
+        count: h.len(),
+        mean: (h.mean() * 10.0).round() / 10.0,
+        p50: h.value_at_quantile(0.5),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+    }
+}
+
+fn cdf(h: &Histogram<u64>) -> Cdf {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    CDF_QUANTILES
+        .iter()
+        .map(|&q| (h.value_at_quantile(q), q))
+        .collect()
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OpLatencies {
+    pub read: LatencySummary,
+    pub write: LatencySummary,
+    pub trim: LatencySummary,
+    pub flush: LatencySummary,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencyCdfs {
+    pub read: Cdf,
+    pub write: Cdf,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TraceInfo {
+    pub path: String,
+    pub format: String,
+    pub requests: u64,
+    pub bad_lines_skipped: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceInfo {
+    pub physical_bytes: u64,
+    pub logical_bytes: u64,
+    pub over_provisioning: f64,
+    pub spare_factor: f64,
+    pub dies: u32,
+    pub superblocks: u32,
+    pub pages_per_superblock: u32,
+    pub free_superblocks_end: u32,
+    pub erase_count_min: u32,
+    pub erase_count_max: u32,
+    pub erase_count_mean: f64,
+    /// Fraction of die-time the dies were busy during the measured phase.
+    pub die_utilization: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MappingInfo {
+    pub table: String,
+    pub bytes: u64,
+    pub live_mappings: u64,
+    pub bytes_per_live_mapping: f64,
+    /// All FTL DRAM: mapping, reverse map, block metadata, buffer index.
+    pub ftl_metadata_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GcInfo {
+    pub background: u64,
+    pub foreground: u64,
+    pub read_pages: u64,
+    pub write_pages: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Requests {
+    pub read: u64,
+    pub write: u64,
+    pub trim: u64,
+    pub flush: u64,
+}
+
+/// The JSON report. Field order and names are the documented schema (docs/report-schema.md).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub ftlab_version: String,
+    pub waf: f64,
+    pub host_write_pages: u64,
+    pub nand_write_pages: u64,
+    pub gc_write_pages: u64,
+    pub mapping_write_pages: u64,
+    pub host_program_pages: u64,
+    pub host_read_pages: u64,
+    pub host_trim_pages: u64,
+    pub erases: u64,
+    pub sim_time_ns: u64,
+    pub requests: Requests,
+    pub iops: f64,
+    pub read_mb_per_s: f64,
+    pub write_mb_per_s: f64,
+    pub latency_ns: OpLatencies,
+    pub gc: GcInfo,
+    pub mapping: MappingInfo,
+    pub device: DeviceInfo,
+    pub counters: FtlStatsOut,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub trace: Option<TraceInfo>,
+    pub series: Vec<SeriesRow>,
+    pub latency_cdf: LatencyCdfs,
+    pub config: Config,
+    /// Not serialised: wall-clock figures for the human summary only.
+    #[serde(skip)]
+    pub wall_seconds: f64,
+}
+
+/// The raw FTL counters, for readers who want every one.
+pub type FtlStatsOut = FtlStatsSerde;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FtlStatsSerde {
+    pub host_flash_read_pages: u64,
+    pub gc_read_pages: u64,
+    pub rmw_read_pages: u64,
+    pub buffer_coalesced_pages: u64,
+    pub buffer_read_hits: u64,
+    pub flushes: u64,
+}
+
+impl From<&FtlStats> for FtlStatsSerde {
+    fn from(s: &FtlStats) -> Self {
+        Self {
+            host_flash_read_pages: s.host_flash_read_pages,
+            gc_read_pages: s.gc_read_pages,
+            rmw_read_pages: s.rmw_read_pages,
+            buffer_coalesced_pages: s.buffer_coalesced_pages,
+            buffer_read_hits: s.buffer_read_hits,
+            flushes: s.flushes,
+        }
+    }
+}
+
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+impl Report {
+    pub fn build<M: MappingTable>(
+        config: &Config,
+        ftl: &Ftl<M>,
+        recorder: Recorder,
+        start_ns: u64,
+        end_ns: u64,
+        trace: Option<TraceInfo>,
+        wall_seconds: f64,
+    ) -> Report {
+        let s = ftl.stats();
+        let g = ftl.geometry();
+        let sim_time_ns = end_ns - start_ns;
+        let secs = sim_time_ns.max(1) as f64 / 1e9;
+        let r = &recorder;
+        let requests = Requests {
+            read: r.read.len(),
+            write: r.write.len(),
+            trim: r.trim.len(),
+            flush: r.flush.len(),
+        };
+        let total_requests = requests.read + requests.write + requests.trim + requests.flush;
+        let erase_counts: Vec<u32> = (0..g.superblocks)
+            .map(|sb| ftl.blocks().erase_count(sb))
+            .collect();
+        let live = ftl.mapping().live_mappings();
+        let mapping_bytes = ftl.mapping_bytes() as u64;
+        Report {
+            ftlab_version: env!("CARGO_PKG_VERSION").to_string(),
+            waf: round6(s.waf()),
+            host_write_pages: s.host_write_pages,
+            nand_write_pages: s.nand_write_pages(),
+            gc_write_pages: s.gc_write_pages,
+            mapping_write_pages: s.mapping_write_pages,
+            host_program_pages: s.host_program_pages,
+            host_read_pages: s.host_read_pages,
+            host_trim_pages: s.host_trim_pages,
+            erases: s.erases,
+            sim_time_ns,
+            iops: round6(total_requests as f64 / secs),
+            read_mb_per_s: round6(r.read_bytes as f64 / 1e6 / secs),
+            write_mb_per_s: round6(r.write_bytes as f64 / 1e6 / secs),
+            requests,
+            latency_ns: OpLatencies {
+                read: summarize(&r.read),
+                write: summarize(&r.write),
+                trim: summarize(&r.trim),
+                flush: summarize(&r.flush),
+            },
+            gc: GcInfo {
+                background: s.gc_background,
+                foreground: s.gc_foreground,
+                read_pages: s.gc_read_pages,
+                write_pages: s.gc_write_pages,
+            },
+            mapping: MappingInfo {
+                table: ftl.mapping().name().to_string(),
+                bytes: mapping_bytes,
+                live_mappings: live,
+                bytes_per_live_mapping: if live == 0 {
+                    0.0
+                } else {
+                    round6(mapping_bytes as f64 / live as f64)
+                },
+                ftl_metadata_bytes: ftl.metadata_bytes() as u64,
+            },
+            device: DeviceInfo {
+                physical_bytes: g.physical_bytes(),
+                logical_bytes: g.logical_bytes(),
+                over_provisioning: round6(g.over_provisioning()),
+                spare_factor: round6(
+                    (g.physical_pages - g.logical_pages) as f64 / g.physical_pages as f64,
+                ),
+                dies: g.dies,
+                superblocks: g.superblocks,
+                pages_per_superblock: g.pages_per_superblock,
+                free_superblocks_end: ftl.free_superblocks(),
+                erase_count_min: erase_counts.iter().copied().min().unwrap_or(0),
+                erase_count_max: erase_counts.iter().copied().max().unwrap_or(0),
+                erase_count_mean: round6(
+                    erase_counts.iter().map(|&c| f64::from(c)).sum::<f64>()
+                        / erase_counts.len().max(1) as f64,
+                ),
+                die_utilization: round6(
+                    ftl.timing().die_busy_ns_total() as f64
+                        / (sim_time_ns.max(1) as f64 * f64::from(g.dies)),
+                ),
+            },
+            counters: s.into(),
+            trace,
+            latency_cdf: LatencyCdfs {
+                read: cdf(&r.read),
+                write: cdf(&r.write),
+            },
+            series: recorder.series,
+            config: config.clone(),
+            wall_seconds,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report serialises") + "\n"
+    }
+
+    pub fn series_csv(&self) -> String {
+        let mut out = String::from(
+            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks\n",
+        );
+        for r in &self.series {
+            let _ = writeln!(
+                out,
+                "{},{},{},{:.4},{:.4},{:.1},{}",
+                r.end_ns,
+                r.host_write_pages,
+                r.nand_write_pages,
+                r.waf,
+                r.waf_cumulative,
+                r.iops,
+                r.free_superblocks
+            );
+        }
+        out
+    }
+
+    /// The human summary.
+    pub fn summary(&self) -> String {
+        let mut o = String::new();
+        let c = &self.config;
+        let d = &self.device;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let _ = writeln!(
+            o,
+            "device     {:.2} GiB physical, {:.2} GiB logical (rho {:.3}, spare factor {:.3}), {} dies, {} superblocks x {} pages of {} B",
+            gib(d.physical_bytes), gib(d.logical_bytes), d.over_provisioning, d.spare_factor, d.dies,
+            d.superblocks, d.pages_per_superblock, c.flash.page_size_bytes
+        );
+        let workload = match &self.trace {
+            Some(t) => format!(
+                "trace {} ({}, {} requests, {} bad lines skipped), {} loop",
+                t.path, t.format, t.requests, t.bad_lines_skipped, c.workload.replay
+            ),
+            None => format!(
+                "{} {} B, {}% reads, queue depth {}, seed {}{}",
+                c.workload.kind,
+                c.workload.request_size_bytes,
+                c.workload.read_pcent,
+                c.workload.queue_depth,
+                c.workload.seed,
+                if c.workload.precondition {
+                    ", preconditioned"
+                } else {
+                    ""
+                }
+            ),
+        };
+        let _ = writeln!(o, "workload   {workload}");
+        let _ = writeln!(
+            o,
+            "writes     host {} pages -> flash {} pages (host {}, GC {}, mapping {})",
+            self.host_write_pages,
+            self.nand_write_pages,
+            self.host_program_pages,
+            self.gc_write_pages,
+            self.mapping_write_pages
+        );
+        let _ = writeln!(o, "WAF        {:.3}", self.waf);
+        let _ = writeln!(
+            o,
+            "GC         {} background + {} foreground superblocks, {} block erases (per block min {} / mean {:.2} / max {})",
+            self.gc.background, self.gc.foreground, self.erases, d.erase_count_min, d.erase_count_mean, d.erase_count_max
+        );
+        let _ = writeln!(
+            o,
+            "throughput {:.0} IOPS, read {:.1} MB/s, write {:.1} MB/s over {:.3} s simulated (die utilisation {:.0} %)",
+            self.iops,
+            self.read_mb_per_s,
+            self.write_mb_per_s,
+            self.sim_time_ns as f64 / 1e9,
+            d.die_utilization * 100.0
+        );
+        for (name, l) in [
+            ("read", &self.latency_ns.read),
+            ("write", &self.latency_ns.write),
+            ("trim", &self.latency_ns.trim),
+            ("flush", &self.latency_ns.flush),
+        ] {
+            if l.count > 0 {
+                let _ = writeln!(
+                    o,
+                    "{name:<10} {} req, latency us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+                    l.count,
+                    l.p50 as f64 / 1e3,
+                    l.p99 as f64 / 1e3,
+                    l.p999 as f64 / 1e3,
+                    l.max as f64 / 1e3
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "mapping    {} table {:.1} MiB ({:.2} B per live mapping, {} live); all FTL metadata {:.1} MiB",
+            self.mapping.table,
+            self.mapping.bytes as f64 / (1 << 20) as f64,
+            self.mapping.bytes_per_live_mapping,
+            self.mapping.live_mappings,
+            self.mapping.ftl_metadata_bytes as f64 / (1 << 20) as f64
+        );
+        if self.wall_seconds > 0.0 {
+            let _ = writeln!(
+                o,
+                "speed      {:.2} M host pages per wall second ({:.3} s wall)",
+                (self.host_write_pages + self.host_read_pages) as f64 / self.wall_seconds / 1e6,
+                self.wall_seconds
+            );
+        }
+        o
+    }
+}

@@ -1,0 +1,299 @@
+//! The simulation driver: feeds requests from a generator or a trace into the FTL core, in open
+//! loop (trace timestamps) or closed loop (a fixed number outstanding), and records what the
+//! host sees. Owns: arrival times, latency histograms, the time series, preconditioning.
+//! Does not know: flash internals beyond the FTL's public counters.
+
+use crate::config::Config;
+use crate::ftl::mapping::{FlatMapping, MappingTable};
+use crate::ftl::{Ftl, FtlError};
+use crate::report::{Recorder, Report, TraceInfo};
+use crate::request::{Op, Request};
+use crate::trace::{TraceError, TraceFormat, TraceReader};
+use crate::workload::Generator;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("{location}: {source} (pass --wrap to fold such addresses into the device)")]
+    OutOfRange { location: String, source: FtlError },
+    #[error("{location}: {source}")]
+    Request { location: String, source: FtlError },
+    #[error("workload: {0}")]
+    Workload(String),
+}
+
+/// What the driver reports while it runs (for a progress bar).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    pub phase: &'a str,
+    pub done: u64,
+    pub total: Option<u64>,
+}
+
+const PROGRESS_EVERY: u64 = 1 << 16;
+
+enum Source {
+    Generator {
+        generator: Generator,
+        remaining: u64,
+    },
+    Trace(Box<TraceReader>),
+}
+
+impl Source {
+    #[inline]
+    fn next(&mut self) -> Result<Option<Request>, SimError> {
+        match self {
+            Source::Generator {
+                generator,
+                remaining,
+            } => {
+                if *remaining == 0 {
+                    return Ok(None);
+                }
+                *remaining -= 1;
+                Ok(Some(generator.next_request()))
+            }
+            Source::Trace(reader) => Ok(reader.next_request()?),
+        }
+    }
+
+    fn location(&self) -> String {
+        match self {
+            Source::Generator { .. } => "generator".into(),
+            Source::Trace(r) => format!("{}:{}", r.path().display(), r.line_number()),
+        }
+    }
+}
+
+/// Runs the configured simulation and returns its report.
+pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report, SimError> {
+    let geometry = config.geometry()?;
+    match config.ftl.mapping.as_str() {
+        "flat" => run_with(config, FlatMapping::new(geometry.logical_pages), progress),
+        other => unreachable!("config validation admits only known tables, got {other}"),
+    }
+}
+
+/// Issues `count` requests from `next` with `queue_depth` outstanding, starting at `start_ns`;
+/// returns when the last completes. Used for preconditioning (nothing is recorded).
+fn drive_closed<M: MappingTable>(
+    ftl: &mut Ftl<M>,
+    count: u64,
+    queue_depth: u32,
+    start_ns: u64,
+    mut next: impl FnMut(u64) -> Request,
+    phase: &str,
+    progress: &mut dyn FnMut(Progress),
+) -> u64 {
+    let mut outstanding: BinaryHeap<Reverse<u64>> =
+        (0..queue_depth).map(|_| Reverse(start_ns)).collect();
+    let mut end_ns = start_ns;
+    for i in 0..count {
+        let Reverse(now) = outstanding.pop().expect("queue depth >= 1");
+        let request = next(i);
+        let done = ftl
+            .submit(&request, now)
+            .expect("preconditioning stays within the device");
+        end_ns = end_ns.max(done);
+        outstanding.push(Reverse(done));
+        if i % PROGRESS_EVERY == 0 {
+            progress(Progress {
+                phase,
+                done: i,
+                total: Some(count),
+            });
+        }
+    }
+    end_ns
+}
+
+fn precondition<M: MappingTable>(
+    ftl: &mut Ftl<M>,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> u64 {
+    let geometry = ftl.geometry().clone();
+    let page = u64::from(geometry.page_size_bytes);
+    let logical = geometry.logical_bytes();
+    // Sequential fill in 128 KiB requests (the FTL splits them into pages).
+    let chunk = (128 * 1024u64).max(page).min(logical);
+    let fill_requests = logical.div_ceil(chunk);
+    let qd = config.workload.queue_depth.max(32);
+    let mut t = drive_closed(
+        ftl,
+        fill_requests,
+        qd,
+        0,
+        |i| {
+            let offset = i * chunk;
+            Request {
+                arrival_ns: 0,
+                op: Op::Write,
+                offset_bytes: offset,
+                length_bytes: chunk.min(logical - offset),
+                stream: 0,
+            }
+        },
+        "precondition: sequential fill",
+        progress,
+    );
+    let random_pages =
+        (config.workload.precondition_overwrites * geometry.logical_pages as f64).round() as u64;
+    // A seed of its own, so the measured workload's sequence does not depend on this phase.
+    let mut writer =
+        Generator::uniform_writer(config.workload.seed ^ 0x5EED_0F_F111, logical, page);
+    t = drive_closed(
+        ftl,
+        random_pages,
+        qd,
+        t,
+        |_| writer.next_request(),
+        "precondition: random overwrite",
+        progress,
+    );
+    ftl.flush(t).max(ftl.timing().horizon_ns())
+}
+
+fn run_with<M: MappingTable>(
+    config: &Config,
+    map: M,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Report, SimError> {
+    let mut ftl = Ftl::new(config, map);
+    let geometry = ftl.geometry().clone();
+    let w = &config.workload;
+    let mut start_ns = 0;
+    if w.precondition {
+        start_ns = precondition(&mut ftl, config, progress);
+    }
+    ftl.reset_stats();
+
+    let (mut source, total, open_loop) = match &w.trace {
+        Some(path) => {
+            let format = w
+                .format
+                .as_deref()
+                .map(TraceFormat::parse)
+                .transpose()
+                .map_err(SimError::Workload)?;
+            let reader = TraceReader::open(Path::new(path), format, w.skip_bad_lines)?;
+            (Source::Trace(Box::new(reader)), None, w.replay == "open")
+        }
+        None => {
+            let generator =
+                Generator::new(w, geometry.logical_bytes()).map_err(SimError::Workload)?;
+            let requests = match (w.requests, w.overwrites) {
+                (Some(r), _) => r,
+                (None, Some(o)) => ((o * geometry.logical_bytes() as f64)
+                    / generator.request_size_bytes() as f64)
+                    .round() as u64,
+                (None, None) => 1_000_000,
+            };
+            (
+                Source::Generator {
+                    generator,
+                    remaining: requests,
+                },
+                Some(requests),
+                false,
+            )
+        }
+    };
+
+    let mut recorder = Recorder::new(config.report.series_interval_ns, start_ns);
+    let mut outstanding: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    if !open_loop {
+        outstanding.extend((0..w.queue_depth).map(|_| Reverse(start_ns)));
+    }
+    let capacity = geometry.logical_bytes();
+    let wall = Instant::now();
+    let mut done: u64 = 0;
+    let mut end_ns = start_ns;
+    while let Some(mut request) = source.next()? {
+        let arrival_ns = if open_loop {
+            start_ns + (request.arrival_ns as f64 * w.time_scale) as u64
+        } else {
+            outstanding.pop().expect("queue depth >= 1").0
+        };
+        recorder.advance(arrival_ns, &ftl);
+        let mut completion_ns = arrival_ns;
+        let end = request.offset_bytes.saturating_add(request.length_bytes);
+        if request.op != Op::Flush && end > capacity && w.wrap && request.length_bytes <= capacity {
+            // Fold the address into the device; a request crossing the end continues at 0.
+            request.offset_bytes %= capacity;
+            let first_len = request.length_bytes.min(capacity - request.offset_bytes);
+            if first_len < request.length_bytes {
+                let tail = Request {
+                    offset_bytes: 0,
+                    length_bytes: request.length_bytes - first_len,
+                    ..request
+                };
+                completion_ns = submit(&mut ftl, &tail, arrival_ns, &source)?;
+                request.length_bytes = first_len;
+            }
+        }
+        completion_ns = completion_ns.max(submit(&mut ftl, &request, arrival_ns, &source)?);
+        if !open_loop {
+            outstanding.push(Reverse(completion_ns));
+        }
+        end_ns = end_ns.max(completion_ns);
+        recorder.record(&request, arrival_ns, completion_ns);
+        done += 1;
+        if done % PROGRESS_EVERY == 0 {
+            progress(Progress {
+                phase: "simulate",
+                done,
+                total,
+            });
+        }
+    }
+    // The run ends with a flush: buffered data reaches flash and is counted.
+    end_ns = end_ns.max(ftl.flush(end_ns));
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    recorder.finish(end_ns, &ftl);
+    let trace = match &source {
+        Source::Trace(r) => Some(TraceInfo {
+            path: r.path().display().to_string(),
+            format: r.format().name().to_string(),
+            requests: r.requests,
+            bad_lines_skipped: r.bad_lines(),
+        }),
+        Source::Generator { .. } => None,
+    };
+    Ok(Report::build(
+        config,
+        &ftl,
+        recorder,
+        start_ns,
+        end_ns,
+        trace,
+        wall_seconds,
+    ))
+}
+
+#[inline]
+fn submit<M: MappingTable>(
+    ftl: &mut Ftl<M>,
+    request: &Request,
+    now_ns: u64,
+    source: &Source,
+) -> Result<u64, SimError> {
+    ftl.submit(request, now_ns).map_err(|e| match e {
+        FtlError::OutOfRange { .. } => SimError::OutOfRange {
+            location: source.location(),
+            source: e,
+        },
+        other => SimError::Request {
+            location: source.location(),
+            source: other,
+        },
+    })
+}

@@ -1,0 +1,384 @@
+//! Trace replay input: five block-trace formats, gzip or plain, guessed from content or named.
+//!
+//! Owns: turning lines of a file into [`Request`]s with arrival times relative to the first
+//! request, and errors that name file, line and field. Does not know: the device (capacity checks
+//! and `--wrap` are the simulator's), or timing. docs/trace-formats.md describes each format.
+
+mod blkparse;
+mod disksim;
+mod fio;
+mod msr;
+mod nbdkit;
+
+use crate::request::Request;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceFormat {
+    Msr,
+    Nbdkit,
+    Disksim,
+    Blkparse,
+    Fio,
+}
+
+impl TraceFormat {
+    pub const ALL: [TraceFormat; 5] = [
+        TraceFormat::Msr,
+        TraceFormat::Nbdkit,
+        TraceFormat::Disksim,
+        TraceFormat::Blkparse,
+        TraceFormat::Fio,
+    ];
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Ok(match name {
+            "msr" => Self::Msr,
+            "nbdkit" => Self::Nbdkit,
+            "disksim" | "mqsim" | "ascii" => Self::Disksim,
+            "blkparse" => Self::Blkparse,
+            "fio" => Self::Fio,
+            other => {
+                return Err(format!(
+                    "unknown trace format `{other}` (msr, nbdkit, disksim, blkparse, fio)"
+                ))
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Msr => "msr",
+            Self::Nbdkit => "nbdkit",
+            Self::Disksim => "disksim",
+            Self::Blkparse => "blkparse",
+            Self::Fio => "fio",
+        }
+    }
+}
+
+/// What is wrong with one field of one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: field `{field}`: {reason}")]
+    BadLine {
+        path: String,
+        line: u64,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("{path}: cannot tell the trace format from its first lines; name it with --format msr|nbdkit|disksim|blkparse|fio")]
+    UnknownFormat { path: String },
+}
+
+/// Per-format state carried from line to line.
+#[derive(Default, Debug)]
+pub struct ParserState {
+    /// fio: iolog version from the header (2 or 3); 0 before the header.
+    fio_version: u8,
+    /// fio v2: time accumulated from `wait` lines.
+    fio_clock_ns: u64,
+    /// blkparse: the per-CPU summary has begun; nothing after it is an event.
+    blkparse_in_summary: bool,
+}
+
+/// Parses one line: `Ok(None)` for lines that carry no request (headers, completions, comments).
+/// Arrival times are absolute in the trace's own clock, in nanoseconds.
+pub fn parse_line(
+    format: TraceFormat,
+    line: &str,
+    state: &mut ParserState,
+) -> Result<Option<Request>, FieldError> {
+    match format {
+        TraceFormat::Msr => msr::parse(line),
+        TraceFormat::Nbdkit => nbdkit::parse(line),
+        TraceFormat::Disksim => disksim::parse(line),
+        TraceFormat::Blkparse => blkparse::parse(line, state),
+        TraceFormat::Fio => fio::parse(line, state),
+    }
+}
+
+/// Guesses the format from the first meaningful lines.
+pub fn guess_format(lines: &[&str]) -> Option<TraceFormat> {
+    for line in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+        if line.starts_with("fio version ") {
+            return Some(TraceFormat::Fio);
+        }
+        if line.starts_with("Timestamp,Hostname") {
+            return Some(TraceFormat::Msr);
+        }
+        if nbdkit::looks_like(line) {
+            return Some(TraceFormat::Nbdkit);
+        }
+        let commas: Vec<&str> = line.split(',').collect();
+        if commas.len() == 7 && msr::parse(line).is_ok() {
+            return Some(TraceFormat::Msr);
+        }
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        if tokens.len() >= 6 && blkparse::is_device(tokens[0]) {
+            return Some(TraceFormat::Blkparse);
+        }
+        if tokens.len() == 5 && disksim::parse(line).is_ok() {
+            return Some(TraceFormat::Disksim);
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        return None;
+    }
+    None
+}
+
+fn open_maybe_gzip(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
+    let io = |source| TraceError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let mut magic = [0u8; 2];
+    let n = file.read(&mut magic).map_err(io)?;
+    drop(file);
+    let file = File::open(path).map_err(io)?;
+    const BUF: usize = 1 << 20;
+    if n == 2 && magic == [0x1f, 0x8b] {
+        Ok(Box::new(BufReader::with_capacity(
+            BUF,
+            flate2::read::MultiGzDecoder::new(BufReader::with_capacity(BUF, file)),
+        )))
+    } else {
+        Ok(Box::new(BufReader::with_capacity(BUF, file)))
+    }
+}
+
+/// Reads a trace file request by request.
+pub struct TraceReader {
+    path: PathBuf,
+    format: TraceFormat,
+    reader: Box<dyn BufRead>,
+    buf: Vec<u8>,
+    line_no: u64,
+    state: ParserState,
+    skip_bad_lines: bool,
+    bad_lines: u64,
+    first_arrival_ns: Option<u64>,
+    last_arrival_ns: u64,
+    /// Requests seen so far (including those later rejected by the device).
+    pub requests: u64,
+    finished: bool,
+}
+
+impl TraceReader {
+    pub fn open(
+        path: &Path,
+        format: Option<TraceFormat>,
+        skip_bad_lines: bool,
+    ) -> Result<Self, TraceError> {
+        let format = match format {
+            Some(f) => f,
+            None => {
+                let mut head = open_maybe_gzip(path)?;
+                let mut lines = Vec::new();
+                let mut buf = Vec::new();
+                for _ in 0..32 {
+                    buf.clear();
+                    let n = head
+                        .read_until(b'\n', &mut buf)
+                        .map_err(|source| TraceError::Io {
+                            path: path.display().to_string(),
+                            source,
+                        })?;
+                    if n == 0 {
+                        break;
+                    }
+                    lines.push(String::from_utf8_lossy(&buf).into_owned());
+                }
+                let refs: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
+                guess_format(&refs).ok_or_else(|| TraceError::UnknownFormat {
+                    path: path.display().to_string(),
+                })?
+            }
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            format,
+            reader: open_maybe_gzip(path)?,
+            buf: Vec::with_capacity(256),
+            line_no: 0,
+            state: ParserState::default(),
+            skip_bad_lines,
+            bad_lines: 0,
+            first_arrival_ns: None,
+            last_arrival_ns: 0,
+            requests: 0,
+            finished: false,
+        })
+    }
+
+    pub fn format(&self) -> TraceFormat {
+        self.format
+    }
+
+    pub fn bad_lines(&self) -> u64 {
+        self.bad_lines
+    }
+
+    pub fn line_number(&self) -> u64 {
+        self.line_no
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn bad_line(&self, e: FieldError) -> TraceError {
+        TraceError::BadLine {
+            path: self.path.display().to_string(),
+            line: self.line_no,
+            field: e.field,
+            reason: e.reason,
+        }
+    }
+
+    /// The next request, arrival relative to the trace's first request and never going back in
+    /// time (interleaved connections may log slightly out of order).
+    pub fn next_request(&mut self) -> Result<Option<Request>, TraceError> {
+        if self.finished {
+            return Ok(None);
+        }
+        loop {
+            self.buf.clear();
+            let n = self
+                .reader
+                .read_until(b'\n', &mut self.buf)
+                .map_err(|source| TraceError::Io {
+                    path: self.path.display().to_string(),
+                    source,
+                })?;
+            if n == 0 {
+                self.finished = true;
+                return Ok(None);
+            }
+            self.line_no += 1;
+            let parsed = match std::str::from_utf8(&self.buf) {
+                Ok(line) => parse_line(self.format, line, &mut self.state),
+                Err(_) => Err(FieldError::new("line", "not valid UTF-8 text")),
+            };
+            match parsed {
+                Ok(Some(mut request)) => {
+                    let first = *self.first_arrival_ns.get_or_insert(request.arrival_ns);
+                    let relative = request.arrival_ns.saturating_sub(first);
+                    self.last_arrival_ns = self.last_arrival_ns.max(relative);
+                    request.arrival_ns = self.last_arrival_ns;
+                    self.requests += 1;
+                    return Ok(Some(request));
+                }
+                Ok(None) => continue,
+                Err(e) if self.skip_bad_lines => {
+                    let _ = e;
+                    self.bad_lines += 1;
+                }
+                Err(e) => return Err(self.bad_line(e)),
+            }
+        }
+    }
+}
+
+// Small field parsers shared by the formats.
+
+pub(crate) fn dec(s: &str, field: &'static str) -> Result<u64, FieldError> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(FieldError::new(field, "missing"));
+    }
+    s.parse::<u64>().map_err(|_| {
+        FieldError::new(
+            field,
+            format!("`{}` is not a non-negative integer", clip(s)),
+        )
+    })
+}
+
+pub(crate) fn hex(s: &str, field: &'static str) -> Result<u64, FieldError> {
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .ok_or_else(|| FieldError::new(field, format!("`{}` is not a 0x hex number", clip(s))))?;
+    u64::from_str_radix(digits, 16)
+        .map_err(|_| FieldError::new(field, format!("`{}` is not a 0x hex number", clip(s))))
+}
+
+/// Seconds with an optional fraction ("12.000345678") to nanoseconds, exactly.
+pub(crate) fn seconds_to_ns(s: &str, field: &'static str) -> Result<u64, FieldError> {
+    let bad = || FieldError::new(field, format!("`{}` is not a time in seconds", clip(s)));
+    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+    if whole.is_empty() && frac.is_empty() {
+        return Err(bad());
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| bad())?
+    };
+    if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let mut frac_ns: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().map_err(|_| bad())?
+    };
+    for _ in frac.len()..9 {
+        frac_ns *= 10;
+    }
+    whole
+        .checked_mul(1_000_000_000)
+        .and_then(|w| w.checked_add(frac_ns))
+        .ok_or_else(bad)
+}
+
+pub(crate) fn clip(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// Sector (512 B) counts to bytes, without overflow.
+pub(crate) fn sectors(n: u64, field: &'static str) -> Result<u64, FieldError> {
+    n.checked_mul(512)
+        .ok_or_else(|| FieldError::new(field, "sector number overflows 64-bit bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_parse_exactly() {
+        assert_eq!(seconds_to_ns("1.5", "t").unwrap(), 1_500_000_000);
+        assert_eq!(seconds_to_ns("0.000000001", "t").unwrap(), 1);
+        assert_eq!(seconds_to_ns("3", "t").unwrap(), 3_000_000_000);
+        assert!(seconds_to_ns("x", "t").is_err());
+        assert!(seconds_to_ns("1.0000000001", "t").is_err());
+        assert!(seconds_to_ns("99999999999999999999", "t").is_err());
+    }
+}
