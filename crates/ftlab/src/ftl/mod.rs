@@ -348,18 +348,23 @@ impl<M: MappingTable> Ftl<M> {
     /// Programs `lpn` at its stream's frontier and updates mapping, reverse map and validity.
     #[inline]
     fn program(&mut self, lpn: u32, stream: u8, cause: Cause, ready_ns: u64) -> ProgramTimes {
-        let ppn = self.allocate(stream, cause);
+        let (ppn, filled) = self.allocate(stream, cause);
         let times = self.timing.program(self.geometry.die_of(ppn), ready_ns);
         if let Some(old) = self.map.set(lpn, ppn) {
             self.blocks.invalidate(old);
         }
         self.lpn_of_ppn[ppn as usize] = lpn;
         self.blocks.mark_valid(ppn);
+        if filled {
+            // Only now, with its last page valid, does it join the GC candidates.
+            self.blocks.close(self.geometry.superblock_of(ppn));
+        }
         times
     }
 
+    /// The next page of the frontier, and whether that page fills its superblock.
     #[inline]
-    fn allocate(&mut self, stream: u8, cause: Cause) -> u32 {
+    fn allocate(&mut self, stream: u8, cause: Cause) -> (u32, bool) {
         let index =
             stream as usize * 2 + usize::from(cause == Cause::Gc && self.gc_separate_frontier);
         let pps = self.geometry.pages_per_superblock;
@@ -373,12 +378,12 @@ impl<M: MappingTable> Ftl<M> {
         }
         let ppn = f.superblock * pps + f.next_slot;
         f.next_slot += 1;
-        if f.next_slot == pps {
-            self.blocks.close(f.superblock);
+        let filled = f.next_slot == pps;
+        if filled {
             f.superblock = NONE;
         }
         self.frontiers[index] = f;
-        ppn
+        (ppn, filled)
     }
 
     /// Panics if map, reverse map, bitmaps, counts or superblock states disagree. For tests.
