@@ -1,9 +1,159 @@
-//! `ftlab bench`: not implemented yet.
-use anyhow::Result;
+//! `ftlab bench`: simulator speed on this machine, each figure beside a baseline measured in the
+//! same run. Fixed seeds; the machine is named in the output.
+
+use anyhow::{Context, Result};
+use ftlab::config::ConfigBuilder;
+use ftlab::rng::SplitMix64;
+use std::path::PathBuf;
+use std::time::Instant;
 
 #[derive(clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Which benchmarks: steady (4 and 64 GiB steady-state random writes), replay (DiskSim
+    /// trace replay), or all.
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay"])]
+    which: String,
+    /// Skip the 64 GiB device (it needs about 2 GiB of RAM and a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Where the generated DiskSim trace is kept between runs.
+    #[arg(long, default_value = "target/bench")]
+    work_dir: PathBuf,
+    /// Path of ../shared/tools/gen_disksim_trace.py.
+    #[arg(long, default_value = "../shared/tools/gen_disksim_trace.py")]
+    generator: PathBuf,
+}
 
-pub fn run(_args: BenchArgs) -> Result<()> {
-    anyhow::bail!("bench is not implemented yet")
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cpu}, {cores} cores")
+}
+
+/// The least work any page-mapping FTL does per host write: one random store into a flat u32
+/// table of the same size, with the same generator.
+fn baseline_random_map_updates(logical_pages: u64, count: u64) -> f64 {
+    let mut table = vec![u32::MAX; logical_pages as usize];
+    let mut rng = SplitMix64::new(42);
+    let start = Instant::now();
+    for i in 0..count {
+        let lpn = rng.bounded(logical_pages) as usize;
+        table[lpn] = i as u32;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(&table);
+    count as f64 / secs
+}
+
+fn steady(logical_gib: u64) -> Result<()> {
+    // 8 x 8 dies, 256-page blocks of 4 KiB, block-granular greedy GC below 2 free blocks,
+    // rho = 0.28: blocks per die sized so the logical space is `logical_gib` GiB.
+    let pages = (logical_gib << 30) / 4096;
+    let blocks_per_die = (pages as f64 * 1.28 / 64.0 / 256.0).ceil() as u64;
+    let mut b = ConfigBuilder::from_preset("validation-uniform")?;
+    for s in [
+        "flash.channels=8".to_string(),
+        "flash.dies_per_channel=8".into(),
+        format!("flash.blocks_per_die={blocks_per_die}"),
+        "flash.superblock_dies=1".into(),
+        "capacity.over_provisioning=0.28".into(),
+        "workload.queue_depth=64".into(),
+        "workload.precondition_overwrites=2".into(),
+        "workload.overwrites=2".into(),
+    ] {
+        b.set(&s)?;
+    }
+    let config = b.build()?;
+    let report = ftlab::sim::run(&config, &mut |_| {})?;
+    let sim_rate = report.host_write_pages as f64 / report.wall_seconds;
+    let logical_pages = report.device.logical_bytes / 4096;
+    let base = baseline_random_map_updates(logical_pages, report.host_write_pages);
+    println!(
+        "| steady-state uniform 4 KiB, {} GiB, rho 0.28 | {:.2} M pages/s | WAF {:.3} | baseline (random flat-table store only) {:.2} M/s | ratio {:.3} |",
+        logical_gib,
+        sim_rate / 1e6,
+        report.waf,
+        base / 1e6,
+        sim_rate / base
+    );
+    Ok(())
+}
+
+fn replay(args: &BenchArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating {}", args.work_dir.display()))?;
+    let trace = args.work_dir.join("rand4k-3.8GiB-3.1M.disksim");
+    // 3.8 GiB span rounded down to whole 4 KiB pages.
+    let span_bytes = (3.8 * (1u64 << 30) as f64) as u64 / 4096 * 4096;
+    if !trace.exists() {
+        let out = std::process::Command::new("python3")
+            .arg(&args.generator)
+            .args(["--kind", "rand4k", "--n", "3100000", "--seed", "42"])
+            .arg("--span-bytes")
+            .arg(span_bytes.to_string())
+            .arg("--out")
+            .arg(&trace)
+            .output()
+            .with_context(|| format!("running {}", args.generator.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} failed: {}",
+            args.generator.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // 7 % spare (MQSim's Overprovisioning_Ratio), physical sized so the logical space holds the
+    // span: 8 x 8 dies x 256-page blocks.
+    let blocks_per_die = (span_bytes as f64 / 0.93 / 4096.0 / 64.0 / 256.0).ceil() as u64 + 1;
+    let mut b = ConfigBuilder::from_preset("femu")?;
+    for s in [
+        format!("flash.blocks_per_die={blocks_per_die}"),
+        "flash.superblock_dies=1".into(),
+        "capacity.spare_factor=0.07".into(),
+        "ftl.gc_thres_pcent=100".into(),
+        "ftl.gc_thres_pcent_high=100".into(),
+        "workload.precondition=false".into(),
+        format!("workload.trace=\"{}\"", trace.display()),
+    ] {
+        b.set(&s)?;
+    }
+    let config = b.build()?;
+    let start = Instant::now();
+    let report = ftlab::sim::run(&config, &mut |_| {})?;
+    let secs = start.elapsed().as_secs_f64();
+    let requests = report.trace.as_ref().map_or(0, |t| t.requests);
+    // Baseline: reading and splitting the same file into lines, no parsing or simulation.
+    let start = Instant::now();
+    let text = std::fs::read(&trace)?;
+    let lines = text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
+    let read_secs = start.elapsed().as_secs_f64();
+    println!(
+        "| DiskSim replay, {} requests (fill 3.8 GiB + 3.1 M random 4 KiB), spare 7 % | {:.3} s end to end | WAF {:.3} | baseline (read + split {} lines) {:.3} s | ratio {:.1} |",
+        requests, secs, report.waf, lines, read_secs, secs / read_secs
+    );
+    Ok(())
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    println!("ftlab bench on {}", machine());
+    println!("| benchmark | result | check | baseline | ratio |");
+    println!("|---|---|---|---|---|");
+    if args.which == "all" || args.which == "steady" {
+        steady(4)?;
+        if !args.quick {
+            steady(64)?;
+        }
+    }
+    if args.which == "all" || args.which == "replay" {
+        replay(&args)?;
+    }
+    Ok(())
 }

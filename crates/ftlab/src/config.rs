@@ -121,9 +121,10 @@ pub struct FtlConfig {
     /// Foreground GC whenever fewer than this many superblocks are free, whatever the percentages.
     #[serde(default = "two")]
     pub gc_free_superblocks_min: u32,
-    /// Device write buffer (FIFO, coalescing); 0 = writes go straight to flash.
+    /// Device write buffer in MiB (FIFO, coalescing; fractions allowed); 0 = writes go straight
+    /// to flash.
     #[serde(default)]
-    pub write_buffer_mib: u64,
+    pub write_buffer_mib: f64,
     /// Host interface (PCIe) rate added to every page a request moves; 0 = free.
     #[serde(default)]
     pub host_interface_mb_per_s: u64,
@@ -237,7 +238,12 @@ fn interval() -> u64 {
     100_000_000
 }
 
-const CAPACITY_KEYS: [&str; 3] = ["logical_bytes", "over_provisioning", "spare_factor"];
+/// Keys that are alternatives to each other: a layer setting one drops the others from the layers
+/// below, so `--set capacity.spare_factor=0.07` over a preset giving `logical_bytes` just works.
+const ALTERNATIVES: [(&str, &[&str]); 2] = [
+    ("capacity", &["logical_bytes", "over_provisioning", "spare_factor"]),
+    ("workload", &["requests", "overwrites"]),
+];
 
 /// Builds a configuration layer by layer: preset, then files, then `key=value` overrides.
 pub struct ConfigBuilder {
@@ -301,16 +307,40 @@ impl ConfigBuilder {
     }
 
     pub fn build(self) -> Result<Config, ConfigError> {
-        let config: Config =
-            toml::Value::Table(self.table)
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    origin: "configuration".into(),
-                    message: e.message().to_string(),
-                })?;
+        // Deserialise from text so that an error carries a span, which names the key.
+        let text = toml::to_string(&self.table).expect("a TOML table serialises");
+        let config: Config = toml::from_str(&text).map_err(|e| {
+            let key = e.span().map(|span| key_at(&text, span.start)).unwrap_or_default();
+            ConfigError::Parse {
+                origin: if key.is_empty() {
+                    "configuration".into()
+                } else {
+                    format!("config key `{key}`")
+                },
+                message: e.message().to_string(),
+            }
+        })?;
         config.geometry()?;
         config.validate_workload()?;
         Ok(config)
+    }
+}
+
+/// The dotted key of the line holding byte `at` of a TOML text written by `toml::to_string`.
+fn key_at(text: &str, at: usize) -> String {
+    let before = &text[..at.min(text.len())];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let section = before[..line_start]
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix('[').and_then(|l| l.strip_suffix(']')))
+        .unwrap_or("");
+    let key = line.split('=').next().unwrap_or("").trim();
+    match (section.is_empty(), key.is_empty() || key.starts_with('[')) {
+        (_, true) => section.to_string(),
+        (true, false) => key.to_string(),
+        (false, false) => format!("{section}.{key}"),
     }
 }
 
@@ -321,14 +351,16 @@ fn parse_toml(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
     })
 }
 
-/// Deep merge; a layer naming one capacity key replaces the others (they are alternatives).
+/// Deep merge of `layer` over `base`, minding [`ALTERNATIVES`].
 fn merge(base: &mut toml::Table, layer: toml::Table) {
     for (key, value) in layer {
         match (base.get_mut(&key), value) {
             (Some(toml::Value::Table(base_sub)), toml::Value::Table(layer_sub)) => {
-                if key == "capacity" && CAPACITY_KEYS.iter().any(|k| layer_sub.contains_key(*k)) {
-                    for k in CAPACITY_KEYS {
-                        base_sub.remove(k);
+                for (table, keys) in ALTERNATIVES {
+                    if key == table && keys.iter().any(|k| layer_sub.contains_key(*k)) {
+                        for k in keys {
+                            base_sub.remove(*k);
+                        }
                     }
                 }
                 merge(base_sub, layer_sub);
@@ -367,7 +399,7 @@ impl Config {
                 return Err(invalid("workload.overwrites", "must be a number >= 0"));
             }
         }
-        if w.request_size_bytes == 0 || w.request_size_bytes % 512 != 0 {
+        if w.request_size_bytes == 0 || !w.request_size_bytes.is_multiple_of(512) {
             return Err(invalid(
                 "workload.request_size_bytes",
                 "must be a positive multiple of 512",

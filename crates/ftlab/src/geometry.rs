@@ -65,7 +65,7 @@ impl Geometry {
                 ),
             ));
         }
-        if f.blocks_per_die % f.planes_per_die != 0 {
+        if !f.blocks_per_die.is_multiple_of(f.planes_per_die) {
             return Err(invalid(
                 "flash.blocks_per_die",
                 "must be a multiple of flash.planes_per_die (blocks are spread evenly over planes)",
@@ -81,7 +81,7 @@ impl Geometry {
         } else {
             f.superblock_dies
         };
-        if superblock_dies > dies || dies % superblock_dies != 0 {
+        if superblock_dies > dies || !dies.is_multiple_of(superblock_dies) {
             return Err(invalid(
                 "flash.superblock_dies",
                 format!("{superblock_dies} must divide the {dies} dies (0 = all dies)"),
@@ -142,6 +142,9 @@ impl Geometry {
                 "ftl.mapping",
                 format!("`{}` is not available; this build has `flat`", ftl.mapping),
             ));
+        }
+        if !(ftl.write_buffer_mib.is_finite() && ftl.write_buffer_mib >= 0.0) {
+            return Err(invalid("ftl.write_buffer_mib", "must be a number >= 0"));
         }
         if ftl.streams == 0 || ftl.streams > 64 {
             return Err(invalid("ftl.streams", "must be in 1..=64"));
@@ -231,15 +234,16 @@ impl Geometry {
 
     #[inline]
     pub fn superblock_of(&self, ppn: u32) -> u32 {
-        ppn / self.pages_per_superblock
+        div(ppn, self.pages_per_superblock)
     }
 
     /// The die a physical page lives on.
     #[inline]
     pub fn die_of(&self, ppn: u32) -> u32 {
-        let superblock = ppn / self.pages_per_superblock;
-        let slot = ppn % self.pages_per_superblock;
-        (superblock % self.superblock_groups) * self.superblock_dies + slot % self.superblock_dies
+        let superblock = div(ppn, self.pages_per_superblock);
+        let slot = ppn - superblock * self.pages_per_superblock;
+        rem(superblock, self.superblock_groups) * self.superblock_dies
+            + rem(slot, self.superblock_dies)
     }
 
     /// The die of slot-0 .. slot-(superblock_dies-1) of a superblock: its first die.
@@ -256,6 +260,26 @@ impl Geometry {
     /// The physical block (die, block within die) holding a superblock's slice on `die`.
     pub fn block_in_die(&self, superblock: u32) -> u32 {
         superblock / self.superblock_groups
+    }
+}
+
+/// Division on the per-page path: geometry sizes are usually powers of two, and a shift costs a
+/// cycle where `div` costs dozens.
+#[inline(always)]
+fn div(n: u32, d: u32) -> u32 {
+    if d.is_power_of_two() {
+        n >> d.trailing_zeros()
+    } else {
+        n / d
+    }
+}
+
+#[inline(always)]
+fn rem(n: u32, d: u32) -> u32 {
+    if d.is_power_of_two() {
+        n & (d - 1)
+    } else {
+        n % d
     }
 }
 

@@ -149,7 +149,7 @@ fn precondition<M: MappingTable>(
         (config.workload.precondition_overwrites * geometry.logical_pages as f64).round() as u64;
     // A seed of its own, so the measured workload's sequence does not depend on this phase.
     let mut writer =
-        Generator::uniform_writer(config.workload.seed ^ 0x5EED_0F_F111, logical, page);
+        Generator::uniform_writer(config.workload.seed ^ 0x005E_ED0F_F111, logical, page);
     t = drive_closed(
         ftl,
         random_pages,
@@ -217,37 +217,46 @@ fn run_with<M: MappingTable>(
     let wall = Instant::now();
     let mut done: u64 = 0;
     let mut end_ns = start_ns;
-    while let Some(mut request) = source.next()? {
+    let mut upcoming = source.next()?;
+    while let Some(request) = upcoming {
+        upcoming = source.next()?;
+        if let Some(next) = &upcoming {
+            ftl.prefetch(next);
+        }
         let arrival_ns = if open_loop {
             start_ns + (request.arrival_ns as f64 * w.time_scale) as u64
         } else {
             outstanding.pop().expect("queue depth >= 1").0
         };
         recorder.advance(arrival_ns, &ftl);
-        let mut completion_ns = arrival_ns;
         let end = request.offset_bytes.saturating_add(request.length_bytes);
-        if request.op != Op::Flush && end > capacity && w.wrap && request.length_bytes <= capacity {
-            // Fold the address into the device; a request crossing the end continues at 0.
-            request.offset_bytes %= capacity;
-            let first_len = request.length_bytes.min(capacity - request.offset_bytes);
-            if first_len < request.length_bytes {
-                let tail = Request {
-                    offset_bytes: 0,
-                    length_bytes: request.length_bytes - first_len,
+        let completion_ns = if request.op != Op::Flush && end > capacity && w.wrap {
+            // Fold every page into the device: the request is cut where it crosses the end.
+            let mut done_ns = arrival_ns;
+            let (mut offset, mut remaining) = (request.offset_bytes, request.length_bytes);
+            while remaining > 0 {
+                let start = offset % capacity;
+                let length = remaining.min(capacity - start);
+                let piece = Request {
+                    offset_bytes: start,
+                    length_bytes: length,
                     ..request
                 };
-                completion_ns = submit(&mut ftl, &tail, arrival_ns, &source)?;
-                request.length_bytes = first_len;
+                done_ns = done_ns.max(submit(&mut ftl, &piece, arrival_ns, &source)?);
+                offset += length;
+                remaining -= length;
             }
-        }
-        completion_ns = completion_ns.max(submit(&mut ftl, &request, arrival_ns, &source)?);
+            done_ns
+        } else {
+            submit(&mut ftl, &request, arrival_ns, &source)?
+        };
         if !open_loop {
             outstanding.push(Reverse(completion_ns));
         }
         end_ns = end_ns.max(completion_ns);
         recorder.record(&request, arrival_ns, completion_ns);
         done += 1;
-        if done % PROGRESS_EVERY == 0 {
+        if done.is_multiple_of(PROGRESS_EVERY) {
             progress(Progress {
                 phase: "simulate",
                 done,

@@ -14,6 +14,21 @@ pub trait MappingTable {
     fn live_mappings(&self) -> u64;
     /// Bytes of DRAM the table occupies (heap included).
     fn heap_bytes(&self) -> usize;
+    /// A hint that `lpn` will be looked up or set soon (GC knows its next moves in advance).
+    #[inline]
+    fn prefetch(&self, _lpn: u32) {}
+}
+
+/// Asks the CPU to bring the cache line holding `*p` closer. A no-op where unsupported.
+#[inline(always)]
+pub fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint; it never faults, even for an invalid address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 const UNMAPPED: u32 = u32::MAX;
@@ -74,5 +89,12 @@ impl MappingTable for FlatMapping {
 
     fn heap_bytes(&self) -> usize {
         self.ppn_of_lpn.capacity() * std::mem::size_of::<u32>()
+    }
+
+    #[inline]
+    fn prefetch(&self, lpn: u32) {
+        if let Some(entry) = self.ppn_of_lpn.get(lpn as usize) {
+            prefetch_line(entry);
+        }
     }
 }

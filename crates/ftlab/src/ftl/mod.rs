@@ -63,14 +63,19 @@ pub struct Ftl<M: MappingTable> {
     gc_background_below: u32,
     /// Background GC only takes victims with at least this many invalid pages (FEMU: 1/8).
     gc_background_min_invalid: u32,
+    /// GC's list of (ppn, lpn) to move, kept to avoid allocating per victim.
+    gc_moves: Vec<(u32, u32)>,
     stats: FtlStats,
 }
+
+/// How many GC moves ahead the mapping entry is prefetched: enough to overlap cache misses.
+const GC_PREFETCH_DISTANCE: usize = 16;
 
 impl<M: MappingTable> Ftl<M> {
     pub fn new(config: &Config, map: M) -> Self {
         let geometry = config.geometry().expect("config was validated");
         let page_bytes = u64::from(geometry.page_size_bytes);
-        let buffer_pages = (config.ftl.write_buffer_mib << 20) / page_bytes;
+        let buffer_pages = (config.ftl.write_buffer_mib * (1u64 << 20) as f64) as u64 / page_bytes;
         let buffer_pages = buffer_pages
             .min(geometry.logical_pages)
             .min(u64::from(u32::MAX) - 1);
@@ -101,6 +106,7 @@ impl<M: MappingTable> Ftl<M> {
             gc_foreground_below,
             gc_background_below,
             gc_background_min_invalid: (geometry.pages_per_superblock / 8).max(1),
+            gc_moves: Vec::with_capacity(geometry.pages_per_superblock as usize),
             stats: FtlStats::default(),
             geometry,
         }
@@ -154,6 +160,15 @@ impl<M: MappingTable> Ftl<M> {
 
     pub fn is_buffered(&self, lpn: u32) -> bool {
         self.buffer.contains(lpn)
+    }
+
+    /// A hint that `request` comes next, so its first mapping entry can be fetched early.
+    #[inline]
+    pub fn prefetch(&self, request: &Request) {
+        let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
+        if lpn < self.geometry.logical_pages {
+            self.map.prefetch(lpn as u32);
+        }
     }
 
     /// Applies one host request arriving at `now_ns` and returns when it completes.
@@ -315,25 +330,36 @@ impl<M: MappingTable> Ftl<M> {
     fn collect_one(&mut self, min_invalid: u32, now_ns: u64) -> Option<u64> {
         let victim = self.blocks.pick_victim(min_invalid)?;
         let stream = self.blocks.stream_of(victim);
-        let pps = self.geometry.pages_per_superblock;
-        let base = victim * pps;
-        let mut last_write_ns = now_ns;
-        let words = self.blocks.valid_words(victim).len();
-        for w in 0..words {
-            let mut bits = self.blocks.valid_words(victim)[w];
+        let base = victim * self.geometry.pages_per_superblock;
+        // Gather the moves first: the reverse map is read sequentially, and each mapping entry
+        // (a likely cache miss) is prefetched a few moves before it is updated.
+        let mut moves = std::mem::take(&mut self.gc_moves);
+        moves.clear();
+        for (w, &word) in self.blocks.valid_words(victim).iter().enumerate() {
+            let mut bits = word;
             while bits != 0 {
-                let slot = w as u32 * 64 + bits.trailing_zeros();
+                let ppn = base + w as u32 * 64 + bits.trailing_zeros();
                 bits &= bits - 1;
-                let ppn = base + slot;
-                let lpn = self.lpn_of_ppn[ppn as usize];
-                debug_assert_eq!(self.map.get(lpn), Some(ppn));
-                let read_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
-                self.stats.gc_read_pages += 1;
-                self.stats.gc_write_pages += 1;
-                let t = self.program(lpn, stream, Cause::Gc, read_ns);
-                last_write_ns = last_write_ns.max(t.done_ns);
+                moves.push((ppn, self.lpn_of_ppn[ppn as usize]));
             }
         }
+        for &(_, lpn) in moves.iter().take(GC_PREFETCH_DISTANCE) {
+            self.map.prefetch(lpn);
+        }
+        let mut last_write_ns = now_ns;
+        for i in 0..moves.len() {
+            if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_DISTANCE) {
+                self.map.prefetch(ahead);
+            }
+            let (ppn, lpn) = moves[i];
+            debug_assert_eq!(self.map.get(lpn), Some(ppn));
+            let read_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
+            let t = self.program(lpn, stream, Cause::Gc, read_ns);
+            last_write_ns = last_write_ns.max(t.done_ns);
+        }
+        self.stats.gc_read_pages += moves.len() as u64;
+        self.stats.gc_write_pages += moves.len() as u64;
+        self.gc_moves = moves;
         debug_assert_eq!(self.blocks.valid_count(victim), 0);
         self.blocks.erase(victim);
         let first_die = self.geometry.first_die_of_superblock(victim);

@@ -52,32 +52,29 @@ pub fn parse(line: &str, state: &mut ParserState) -> Result<Option<Request>, Fie
             format!("`{}` is not an RWBS string", clip(rwbs)),
         ));
     }
-    let sector = tokens.next();
-    let op = if rwbs.contains('D') {
+    let sector = tokens.next().filter(|s| !s.starts_with('['));
+    let op = if sector.is_none() && rwbs.contains('F') {
+        Op::Flush
+    } else if rwbs.contains('D') {
         Op::Trim
     } else if rwbs.contains('W') {
         Op::Write
     } else if rwbs.contains('R') {
         Op::Read
-    } else if rwbs.contains('F') {
-        Op::Flush
     } else {
         return Ok(None);
     };
     let (offset_bytes, length_bytes) = match sector {
-        Some(s) if !s.starts_with('[') => {
+        Some(s) => {
             let start = dec(s, "sector")?;
             if tokens.next() != Some("+") {
-                return Err(FieldError::new(
-                    "count",
-                    "expected `+ COUNT` after the sector",
-                ));
+                return Err(FieldError::new("count", "expected `+ COUNT` after the sector"));
             }
             let count = dec(tokens.next().unwrap_or(""), "count")?;
             (sectors(start, "sector")?, sectors(count, "count")?)
         }
-        _ if op == Op::Flush => (0, 0),
-        _ => return Err(FieldError::new("sector", "missing")),
+        None if op == Op::Flush => (0, 0),
+        None => return Err(FieldError::new("sector", "missing")),
     };
     Ok(Some(Request {
         arrival_ns,

@@ -1,0 +1,70 @@
+//! The binary as users run it.
+
+use crate::support::temp_dir;
+use std::process::Command;
+
+fn ftlab(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ftlab")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn sim_writes_a_json_report_with_the_documented_keys() {
+    let dir = temp_dir("cli-json");
+    let json = dir.join("r.json");
+    let csv = dir.join("r.csv");
+    let (ok, stdout, stderr) = ftlab(&[
+        "sim", "--set", "workload.requests=20000", "--set", "workload.precondition=false",
+        "--json", json.to_str().unwrap(), "--csv", csv.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("WAF"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for key in ["waf", "host_write_pages", "nand_write_pages", "gc_write_pages", "erases", "sim_time_ns", "latency_ns", "config"] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    for op in ["read", "write"] {
+        for q in ["p50", "p99", "p999", "max"] {
+            assert!(v["latency_ns"][op][q].is_u64(), "latency_ns.{op}.{q}");
+        }
+    }
+    assert_eq!(v["host_write_pages"], 20000);
+    assert_eq!(v["config"]["flash"]["channels"], 8);
+    assert!(std::fs::read_to_string(&csv).unwrap().starts_with("end_ns,host_write_pages"));
+}
+
+#[test]
+fn errors_name_what_is_wrong_and_nothing_panics() {
+    let dir = temp_dir("cli-errors");
+    let (ok, _, err) = ftlab(&["sim", "--set", "flash.chanels=4"]);
+    assert!(!ok && err.contains("chanels"), "{err}");
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "1,h,0,Write,0,4096,1\n2,h,0,Wrote,0,4096,1\n").unwrap();
+    let (ok, _, err) = ftlab(&["sim", "--trace", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains(":2: field `Type`"), "{err}");
+    assert!(!err.contains("panicked"));
+    let (ok, out, err) = ftlab(&["sim", "--trace", bad.to_str().unwrap(), "--skip-bad-lines"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1 bad lines skipped"), "{out}");
+    let far = dir.join("far.csv");
+    std::fs::write(&far, "1,h,0,Write,0,4096,1\n2,h,0,Write,99999999999999,8192,1\n").unwrap();
+    let (ok, _, err) = ftlab(&["sim", "--trace", far.to_str().unwrap()]);
+    assert!(!ok && err.contains("--wrap") && err.contains("far.csv:2"), "{err}");
+    let (ok, _, err) = ftlab(&["sim", "--trace", far.to_str().unwrap(), "--wrap"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = ftlab(&["sim", "--trace", dir.join("missing.csv").to_str().unwrap()]);
+    assert!(!ok && err.contains("missing.csv"), "{err}");
+}
+
+#[test]
+fn config_prints_the_resolved_preset() {
+    let (ok, out, _) = ftlab(&["config", "--preset", "hexa"]);
+    assert!(ok);
+    assert!(out.contains("page_size_bytes = 8192"));
+    let (ok, out, _) = ftlab(&["presets"]);
+    assert!(ok && out.contains("validation-uniform"));
+}

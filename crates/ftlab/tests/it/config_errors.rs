@@ -1,0 +1,73 @@
+use ftlab::config::{Config, ConfigBuilder};
+
+fn err(preset: &str, sets: &[&str]) -> String {
+    let mut b = match ConfigBuilder::from_preset(preset) {
+        Ok(b) => b,
+        Err(e) => return e.to_string(),
+    };
+    for s in sets {
+        if let Err(e) = b.set(s) {
+            return e.to_string();
+        }
+    }
+    b.build().expect_err("config must be rejected").to_string()
+}
+
+#[test]
+fn impossible_configs_name_the_key_and_why() {
+    assert!(err("femu", &["flash.superblock_dies=3"]).contains("flash.superblock_dies"));
+    assert!(err("femu", &["flash.page_size_bytes=3000"]).contains("flash.page_size_bytes"));
+    assert!(err("femu", &["flash.channels=0"]).contains("flash.channels"));
+    assert!(err("femu", &["capacity.over_provisioning=0.0001"]).contains("raise over-provisioning"));
+    assert!(err("femu", &["capacity.spare_factor=1.5"]).contains("capacity.spare_factor"));
+    assert!(err("femu", &["ftl.gc_thres_pcent_high=50"]).contains("ftl.gc_thres_pcent_high"));
+    assert!(err("femu", &["ftl.mapping=btree"]).contains("ftl.mapping"));
+    assert!(err("femu", &["workload.kind=bursty"]).contains("workload.kind"));
+    assert!(err("femu", &["workload.read_pcent=140"]).contains("workload.read_pcent"));
+    assert!(err("femu", &["workload.queue_depth=0"]).contains("workload.queue_depth"));
+    assert!(err("femu", &["flash.chanels=4"]).contains("chanels"));
+    assert!(err("femu", &["flash.channels=many"]).contains("channels"));
+    assert!(err("femu", &["nonsense"]).contains("key=value"));
+    assert!(err("nope", &[]).contains("unknown preset"));
+}
+
+#[test]
+fn a_file_giving_two_capacity_keys_is_rejected() {
+    let mut b = ConfigBuilder::from_preset("femu").unwrap();
+    b.merge_str("[capacity]\nover_provisioning = 0.2\nspare_factor = 0.1\n", "test.toml")
+        .unwrap();
+    assert!(b.build().unwrap_err().to_string().contains("exactly one"));
+}
+
+#[test]
+fn over_provisioning_is_accepted_both_ways() {
+    let rho = Config::from_preset("validation-uniform").unwrap();
+    let mut b = ConfigBuilder::from_preset("validation-uniform").unwrap();
+    // spare factor = rho / (1 + rho)
+    b.set(&format!("capacity.spare_factor={}", 0.07 / 1.07)).unwrap();
+    let sf = b.build().unwrap();
+    let (a, b) = (rho.geometry().unwrap(), sf.geometry().unwrap());
+    assert!((a.logical_pages as i64 - b.logical_pages as i64).abs() <= 1);
+    assert_eq!(a.physical_pages, 8192 * 256);
+}
+
+#[test]
+fn presets_match_their_sources() {
+    let femu = Config::from_preset("femu").unwrap().geometry().unwrap();
+    assert_eq!((femu.dies, femu.physical_bytes(), femu.logical_bytes()), (64, 16 << 30, 12 << 30));
+    // FEMU: gc_thres_lines = (1 - 0.75) * 256 = 64, high = (1 - 0.95) * 256 = 12.
+    assert_eq!(femu.gc_background_free_superblocks, Some(64));
+    assert_eq!(femu.gc_foreground_free_superblocks, Some(12));
+    let hexa = Config::from_preset("hexa").unwrap();
+    assert_eq!((hexa.flash.page_size_bytes, hexa.flash.read_latency_ns, hexa.flash.program_latency_ns), (8192, 60_000, 700_000));
+    let v = Config::from_preset("validation-uniform").unwrap().geometry().unwrap();
+    assert_eq!((v.physical_pages, v.pages_per_superblock), (2 << 20, 256));
+}
+
+#[test]
+fn resolved_config_round_trips_through_toml() {
+    let c = Config::from_preset("hexa").unwrap();
+    let mut b = ConfigBuilder::from_preset("femu").unwrap();
+    b.merge_str(&c.to_toml(), "resolved").unwrap();
+    assert_eq!(b.build().unwrap(), c);
+}

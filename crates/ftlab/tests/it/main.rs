@@ -1,0 +1,9 @@
+//! ftlab's one integration-test binary (one link step instead of one per file).
+
+mod cli;
+mod config_errors;
+mod determinism;
+mod invariants;
+mod support;
+mod traces;
+mod waf;

@@ -1,0 +1,123 @@
+//! WAF against independent references: exact results for sequential overwrite, published greedy
+//! simulations for uniform random writes, and Desnoyers' analytical large-block limit.
+
+use crate::support::{config, run};
+
+/// Principal branch of Lambert's W on [-1/e, 0), by Halley's iteration from the branch-point
+/// series.
+fn lambert_w0(x: f64) -> f64 {
+    assert!((-1.0 / std::f64::consts::E..0.0).contains(&x));
+    let p = (2.0 * (std::f64::consts::E * x + 1.0)).sqrt();
+    let mut w = -1.0 + p - p * p / 3.0 + 11.0 / 72.0 * p * p * p;
+    for _ in 0..50 {
+        let ew = w.exp();
+        let f = w * ew - x;
+        let step = f / (ew * (w + 1.0) - (w + 2.0) * f / (2.0 * w + 2.0));
+        w -= step;
+        if step.abs() < 1e-15 {
+            break;
+        }
+    }
+    w
+}
+
+/// Greedy GC under uniform random writes, in the limit of large blocks: A = alpha / (alpha +
+/// W0(-alpha e^-alpha)) with alpha = 1 + rho (P. Desnoyers, "Analytic Modeling of SSD Write
+/// Performance", SYSTOR 2012).
+fn desnoyers_limit(rho: f64) -> f64 {
+    let alpha = 1.0 + rho;
+    alpha / (alpha + lambert_w0(-alpha * (-alpha).exp()))
+}
+
+#[test]
+fn desnoyers_model_gives_the_published_limits() {
+    assert!((desnoyers_limit(0.07) - 7.82).abs() < 0.01, "{}", desnoyers_limit(0.07));
+    assert!((desnoyers_limit(0.28) - 2.48).abs() < 0.01, "{}", desnoyers_limit(0.28));
+}
+
+fn check_uniform(rho: f64, expected: f64) {
+    let c = config(
+        "validation-uniform",
+        &[&format!("capacity.over_provisioning={rho}")],
+    );
+    let r = run(&c);
+    let limit = desnoyers_limit(rho);
+    println!("rho {rho}: WAF {} (reference {expected}, limit {limit:.3})", r.waf);
+    assert!(
+        (r.waf - expected).abs() <= 0.03 * expected,
+        "rho {rho}: WAF {} not within 3 % of {expected}",
+        r.waf
+    );
+    assert!(r.waf <= limit * 1.01, "WAF {} exceeds the model limit {limit}", r.waf);
+    assert_eq!(r.host_write_pages, (2.0 * r.device.logical_bytes as f64 / 4096.0).round() as u64);
+    assert_eq!(r.nand_write_pages, r.host_program_pages + r.gc_write_pages);
+}
+
+#[test]
+fn uniform_random_waf_matches_greedy_reference_at_rho_7() {
+    check_uniform(0.07, 7.62);
+}
+
+#[test]
+fn uniform_random_waf_matches_greedy_reference_at_rho_28() {
+    check_uniform(0.28, 2.46);
+}
+
+#[test]
+fn sequential_overwrite_has_waf_one() {
+    let c = config(
+        "validation-uniform",
+        &[
+            "flash.blocks_per_die=1024",
+            "workload.kind=sequential",
+            "workload.request_size_bytes=131072",
+            "workload.overwrites=3",
+            "workload.precondition=false",
+        ],
+    );
+    let r = run(&c);
+    assert_eq!(r.waf, 1.0);
+    assert_eq!(r.gc_write_pages, 0);
+    assert!(r.erases > 0, "GC must have run and found only invalid blocks");
+}
+
+#[test]
+fn separating_hot_and_cold_streams_lowers_waf() {
+    let base = [
+        "flash.blocks_per_die=1024",
+        "capacity.over_provisioning=0.15",
+        "workload.kind=hotcold",
+        "workload.hot_access_pcent=90",
+        "workload.hot_space_pcent=10",
+        "workload.overwrites=6",
+        "workload.precondition_overwrites=2",
+        "ftl.streams=2",
+    ];
+    let mixed = run(&config("validation-uniform", &base));
+    let mut sets = base.to_vec();
+    sets.push("workload.stream_by_temperature=true");
+    let separated = run(&config("validation-uniform", &sets));
+    println!("hot/cold WAF: one stream {} two streams {}", mixed.waf, separated.waf);
+    assert!(separated.waf < mixed.waf * 0.8);
+}
+
+#[test]
+fn a_write_buffer_absorbs_rewrites_of_hot_pages() {
+    let sets = [
+        "flash.blocks_per_die=1024",
+        "workload.kind=zipf",
+        "workload.requests=200000",
+        "workload.precondition=false",
+    ];
+    let direct = run(&config("validation-uniform", &sets));
+    let mut with = sets.to_vec();
+    with.push("ftl.write_buffer_mib=16");
+    let buffered = run(&config("validation-uniform", &with));
+    assert_eq!(direct.host_write_pages, buffered.host_write_pages);
+    assert!(buffered.counters.buffer_coalesced_pages > 0);
+    assert_eq!(
+        buffered.host_program_pages + buffered.counters.buffer_coalesced_pages,
+        buffered.host_write_pages
+    );
+    assert!(buffered.waf < direct.waf);
+}
