@@ -133,7 +133,10 @@ fn replay(args: &BenchArgs) -> Result<()> {
     // Baseline: reading and splitting the same file into lines, no parsing or simulation.
     let start = Instant::now();
     let text = std::fs::read(&trace)?;
-    let lines = text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
+    let lines = text
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
     let read_secs = start.elapsed().as_secs_f64();
     println!(
         "| DiskSim replay, {} requests (fill 3.8 GiB + 3.1 M random 4 KiB), spare 7 % | {:.3} s end to end | WAF {:.3} | baseline (read + split {} lines) {:.3} s | ratio {:.1} |",

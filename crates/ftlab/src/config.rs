@@ -241,7 +241,10 @@ fn interval() -> u64 {
 /// Keys that are alternatives to each other: a layer setting one drops the others from the layers
 /// below, so `--set capacity.spare_factor=0.07` over a preset giving `logical_bytes` just works.
 const ALTERNATIVES: [(&str, &[&str]); 2] = [
-    ("capacity", &["logical_bytes", "over_provisioning", "spare_factor"]),
+    (
+        "capacity",
+        &["logical_bytes", "over_provisioning", "spare_factor"],
+    ),
     ("workload", &["requests", "overwrites"]),
 ];
 
@@ -310,7 +313,10 @@ impl ConfigBuilder {
         // Deserialise from text so that an error carries a span, which names the key.
         let text = toml::to_string(&self.table).expect("a TOML table serialises");
         let config: Config = toml::from_str(&text).map_err(|e| {
-            let key = e.span().map(|span| key_at(&text, span.start)).unwrap_or_default();
+            let key = e
+                .span()
+                .map(|span| key_at(&text, span.start))
+                .unwrap_or_default();
             ConfigError::Parse {
                 origin: if key.is_empty() {
                     "configuration".into()

@@ -266,7 +266,7 @@ impl Geometry {
 /// Division on the per-page path: geometry sizes are usually powers of two, and a shift costs a
 /// cycle where `div` costs dozens.
 #[inline(always)]
-fn div(n: u32, d: u32) -> u32 {
+pub(crate) fn div(n: u32, d: u32) -> u32 {
     if d.is_power_of_two() {
         n >> d.trailing_zeros()
     } else {
@@ -275,7 +275,7 @@ fn div(n: u32, d: u32) -> u32 {
 }
 
 #[inline(always)]
-fn rem(n: u32, d: u32) -> u32 {
+pub(crate) fn rem(n: u32, d: u32) -> u32 {
     if d.is_power_of_two() {
         n & (d - 1)
     } else {

@@ -217,11 +217,17 @@ fn run_with<M: MappingTable>(
     let wall = Instant::now();
     let mut done: u64 = 0;
     let mut end_ns = start_ns;
+    // Two requests of lookahead let the FTL prefetch the cache lines they will touch.
     let mut upcoming = source.next()?;
+    let mut after = source.next()?;
     while let Some(request) = upcoming {
-        upcoming = source.next()?;
+        upcoming = after;
+        after = source.next()?;
+        if let Some(next) = &after {
+            ftl.prefetch_mapping(next);
+        }
         if let Some(next) = &upcoming {
-            ftl.prefetch(next);
+            ftl.prefetch_block_state(next);
         }
         let arrival_ns = if open_loop {
             start_ns + (request.arrival_ns as f64 * w.time_scale) as u64

@@ -8,7 +8,7 @@
 //! bucketed by valid-page count (flat `next`/`prev` arrays, no allocation), and `min_bucket` never
 //! overshoots the emptiest non-empty bucket.
 
-use crate::geometry::Geometry;
+use crate::geometry::{div, rem, Geometry};
 use std::collections::VecDeque;
 
 pub const NONE: u32 = u32::MAX;
@@ -52,7 +52,7 @@ impl BlockManager {
             state: vec![SuperblockState::Free; n],
             stream: vec![0; n],
             valid_count: vec![0; n],
-            valid_bits: vec![0; n * words],
+            valid_bits: crate::table::filled(n * words, 0),
             erase_count: vec![0; n],
             free: (0..n as u32).collect(),
             bucket_head: vec![NONE; pps as usize + 1],
@@ -114,8 +114,8 @@ impl BlockManager {
     #[inline]
     fn split(&self, ppn: u32) -> (usize, usize) {
         (
-            (ppn / self.pages_per_superblock) as usize,
-            (ppn % self.pages_per_superblock) as usize,
+            div(ppn, self.pages_per_superblock) as usize,
+            rem(ppn, self.pages_per_superblock) as usize,
         )
     }
 
@@ -129,6 +129,19 @@ impl BlockManager {
         debug_assert!(*word & bit == 0, "ppn {ppn} programmed twice");
         *word |= bit;
         self.valid_count[sb] += 1;
+    }
+
+    /// Brings the validity state of `ppn`'s superblock into cache ahead of an invalidation.
+    #[inline]
+    pub fn prefetch(&self, ppn: u32) {
+        let (sb, slot) = self.split(ppn);
+        if let Some(word) = self
+            .valid_bits
+            .get(sb * self.words_per_superblock + slot / 64)
+        {
+            crate::ftl::mapping::prefetch_line(word);
+            crate::ftl::mapping::prefetch_line(&self.valid_count[sb]);
+        }
     }
 
     /// The data in `ppn` was overwritten, trimmed, or relocated.

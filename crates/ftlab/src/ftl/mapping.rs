@@ -43,7 +43,7 @@ pub struct FlatMapping {
 impl FlatMapping {
     pub fn new(logical_pages: u64) -> Self {
         Self {
-            ppn_of_lpn: vec![UNMAPPED; logical_pages as usize],
+            ppn_of_lpn: crate::table::filled(logical_pages as usize, UNMAPPED),
             live: 0,
         }
     }

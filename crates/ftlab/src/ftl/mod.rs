@@ -85,7 +85,7 @@ impl<M: MappingTable> Ftl<M> {
         let gc_background_below = below(geometry.gc_background_free_superblocks);
         Self {
             map,
-            lpn_of_ppn: vec![NONE; geometry.physical_pages as usize],
+            lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, NONE),
             blocks: BlockManager::new(&geometry),
             frontiers: vec![
                 Frontier {
@@ -162,12 +162,24 @@ impl<M: MappingTable> Ftl<M> {
         self.buffer.contains(lpn)
     }
 
-    /// A hint that `request` comes next, so its first mapping entry can be fetched early.
+    /// Hints for a driver that knows the next requests: two requests ahead, fetch the mapping
+    /// entry of the first page; one request ahead (the entry has arrived), fetch the validity
+    /// state of the page it will invalidate. Only the cache is touched.
     #[inline]
-    pub fn prefetch(&self, request: &Request) {
+    pub fn prefetch_mapping(&self, request: &Request) {
         let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
         if lpn < self.geometry.logical_pages {
             self.map.prefetch(lpn as u32);
+        }
+    }
+
+    #[inline]
+    pub fn prefetch_block_state(&self, request: &Request) {
+        let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
+        if request.op == Op::Write && lpn < self.geometry.logical_pages {
+            if let Some(ppn) = self.map.get(lpn as u32) {
+                self.blocks.prefetch(ppn);
+            }
         }
     }
 

@@ -41,7 +41,7 @@ impl WriteBuffer {
             ring_stream: vec![0; capacity_pages as usize],
             head: 0,
             len: 0,
-            slot_of_lpn: vec![NONE; lpn_slots],
+            slot_of_lpn: crate::table::filled(lpn_slots, NONE),
         }
     }
 

@@ -68,7 +68,10 @@ pub fn parse(line: &str, state: &mut ParserState) -> Result<Option<Request>, Fie
         Some(s) => {
             let start = dec(s, "sector")?;
             if tokens.next() != Some("+") {
-                return Err(FieldError::new("count", "expected `+ COUNT` after the sector"));
+                return Err(FieldError::new(
+                    "count",
+                    "expected `+ COUNT` after the sector",
+                ));
             }
             let count = dec(tokens.next().unwrap_or(""), "count")?;
             (sectors(start, "sector")?, sectors(count, "count")?)

@@ -4,7 +4,10 @@ use crate::support::temp_dir;
 use std::process::Command;
 
 fn ftlab(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ftlab")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(args)
+        .output()
+        .unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -18,13 +21,30 @@ fn sim_writes_a_json_report_with_the_documented_keys() {
     let json = dir.join("r.json");
     let csv = dir.join("r.csv");
     let (ok, stdout, stderr) = ftlab(&[
-        "sim", "--set", "workload.requests=20000", "--set", "workload.precondition=false",
-        "--json", json.to_str().unwrap(), "--csv", csv.to_str().unwrap(),
+        "sim",
+        "--set",
+        "workload.requests=20000",
+        "--set",
+        "workload.precondition=false",
+        "--json",
+        json.to_str().unwrap(),
+        "--csv",
+        csv.to_str().unwrap(),
     ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("WAF"));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    for key in ["waf", "host_write_pages", "nand_write_pages", "gc_write_pages", "erases", "sim_time_ns", "latency_ns", "config"] {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for key in [
+        "waf",
+        "host_write_pages",
+        "nand_write_pages",
+        "gc_write_pages",
+        "erases",
+        "sim_time_ns",
+        "latency_ns",
+        "config",
+    ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
     for op in ["read", "write"] {
@@ -34,7 +54,9 @@ fn sim_writes_a_json_report_with_the_documented_keys() {
     }
     assert_eq!(v["host_write_pages"], 20000);
     assert_eq!(v["config"]["flash"]["channels"], 8);
-    assert!(std::fs::read_to_string(&csv).unwrap().starts_with("end_ns,host_write_pages"));
+    assert!(std::fs::read_to_string(&csv)
+        .unwrap()
+        .starts_with("end_ns,host_write_pages"));
 }
 
 #[test]
@@ -51,9 +73,16 @@ fn errors_name_what_is_wrong_and_nothing_panics() {
     assert!(ok, "{err}");
     assert!(out.contains("1 bad lines skipped"), "{out}");
     let far = dir.join("far.csv");
-    std::fs::write(&far, "1,h,0,Write,0,4096,1\n2,h,0,Write,99999999999999,8192,1\n").unwrap();
+    std::fs::write(
+        &far,
+        "1,h,0,Write,0,4096,1\n2,h,0,Write,99999999999999,8192,1\n",
+    )
+    .unwrap();
     let (ok, _, err) = ftlab(&["sim", "--trace", far.to_str().unwrap()]);
-    assert!(!ok && err.contains("--wrap") && err.contains("far.csv:2"), "{err}");
+    assert!(
+        !ok && err.contains("--wrap") && err.contains("far.csv:2"),
+        "{err}"
+    );
     let (ok, _, err) = ftlab(&["sim", "--trace", far.to_str().unwrap(), "--wrap"]);
     assert!(ok, "{err}");
     let (ok, _, err) = ftlab(&["sim", "--trace", dir.join("missing.csv").to_str().unwrap()]);

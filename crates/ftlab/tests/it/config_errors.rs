@@ -34,8 +34,11 @@ fn impossible_configs_name_the_key_and_why() {
 #[test]
 fn a_file_giving_two_capacity_keys_is_rejected() {
     let mut b = ConfigBuilder::from_preset("femu").unwrap();
-    b.merge_str("[capacity]\nover_provisioning = 0.2\nspare_factor = 0.1\n", "test.toml")
-        .unwrap();
+    b.merge_str(
+        "[capacity]\nover_provisioning = 0.2\nspare_factor = 0.1\n",
+        "test.toml",
+    )
+    .unwrap();
     assert!(b.build().unwrap_err().to_string().contains("exactly one"));
 }
 
@@ -44,7 +47,8 @@ fn over_provisioning_is_accepted_both_ways() {
     let rho = Config::from_preset("validation-uniform").unwrap();
     let mut b = ConfigBuilder::from_preset("validation-uniform").unwrap();
     // spare factor = rho / (1 + rho)
-    b.set(&format!("capacity.spare_factor={}", 0.07 / 1.07)).unwrap();
+    b.set(&format!("capacity.spare_factor={}", 0.07 / 1.07))
+        .unwrap();
     let sf = b.build().unwrap();
     let (a, b) = (rho.geometry().unwrap(), sf.geometry().unwrap());
     assert!((a.logical_pages as i64 - b.logical_pages as i64).abs() <= 1);
@@ -54,13 +58,26 @@ fn over_provisioning_is_accepted_both_ways() {
 #[test]
 fn presets_match_their_sources() {
     let femu = Config::from_preset("femu").unwrap().geometry().unwrap();
-    assert_eq!((femu.dies, femu.physical_bytes(), femu.logical_bytes()), (64, 16 << 30, 12 << 30));
+    assert_eq!(
+        (femu.dies, femu.physical_bytes(), femu.logical_bytes()),
+        (64, 16 << 30, 12 << 30)
+    );
     // FEMU: gc_thres_lines = (1 - 0.75) * 256 = 64, high = (1 - 0.95) * 256 = 12.
     assert_eq!(femu.gc_background_free_superblocks, Some(64));
     assert_eq!(femu.gc_foreground_free_superblocks, Some(12));
     let hexa = Config::from_preset("hexa").unwrap();
-    assert_eq!((hexa.flash.page_size_bytes, hexa.flash.read_latency_ns, hexa.flash.program_latency_ns), (8192, 60_000, 700_000));
-    let v = Config::from_preset("validation-uniform").unwrap().geometry().unwrap();
+    assert_eq!(
+        (
+            hexa.flash.page_size_bytes,
+            hexa.flash.read_latency_ns,
+            hexa.flash.program_latency_ns
+        ),
+        (8192, 60_000, 700_000)
+    );
+    let v = Config::from_preset("validation-uniform")
+        .unwrap()
+        .geometry()
+        .unwrap();
     assert_eq!((v.physical_pages, v.pages_per_superblock), (2 << 20, 256));
 }
 

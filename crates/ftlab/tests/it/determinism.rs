@@ -19,7 +19,11 @@ fn same_config_and_seed_give_byte_identical_reports() {
     assert_eq!(a, b);
     let mut other_seed = sets.to_vec();
     other_seed.push("workload.seed=7");
-    assert_ne!(a, run(&config("femu", &other_seed)).to_json(), "the seed must matter");
+    assert_ne!(
+        a,
+        run(&config("femu", &other_seed)).to_json(),
+        "the seed must matter"
+    );
 }
 
 #[test]

@@ -38,15 +38,24 @@ struct Shape {
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
-    (1..=2u32, any::<bool>(), 1..=3u32, any::<bool>(), prop_oneof![Just(0u32), Just(4), Just(32)], 0.15..0.6f64)
-        .prop_map(|(channels, stripe, streams, separate_gc, buffer_pages, rho)| Shape {
-            channels,
-            superblock_dies: if stripe { channels } else { 1 },
-            streams,
-            separate_gc,
-            buffer_pages,
-            rho,
-        })
+    (
+        1..=2u32,
+        any::<bool>(),
+        1..=3u32,
+        any::<bool>(),
+        prop_oneof![Just(0u32), Just(4), Just(32)],
+        0.15..0.6f64,
+    )
+        .prop_map(
+            |(channels, stripe, streams, separate_gc, buffer_pages, rho)| Shape {
+                channels,
+                superblock_dies: if stripe { channels } else { 1 },
+                streams,
+                separate_gc,
+                buffer_pages,
+                rho,
+            },
+        )
 }
 
 const BLOCKS_PER_DIE: u32 = 24;

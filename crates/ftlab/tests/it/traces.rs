@@ -43,10 +43,21 @@ fn nbdkit_logs_parse_with_the_counts_their_readme_gives() {
         assert_eq!(count(&reqs, Op::Read), reads, "{name} reads");
         // Independent count of request lines by plain text matching; Zero is replayed as a trim.
         let text = gunzip(&trace(&format!("{name}.nbdlog.gz")));
-        let lines = |verb: &str| text.lines().filter(|l| l.contains(&format!(" {verb} id="))).count();
+        let lines = |verb: &str| {
+            text.lines()
+                .filter(|l| l.contains(&format!(" {verb} id=")))
+                .count()
+        };
         assert_eq!(lines("Trim"), trims, "{name} trims");
-        assert_eq!(count(&reqs, Op::Trim), trims + lines("Zero"), "{name} trims + zeroes");
-        let flushes = text.lines().filter(|l| l.contains(" Flush id=") && !l.contains("...Flush")).count();
+        assert_eq!(
+            count(&reqs, Op::Trim),
+            trims + lines("Zero"),
+            "{name} trims + zeroes"
+        );
+        let flushes = text
+            .lines()
+            .filter(|l| l.contains(" Flush id=") && !l.contains("...Flush"))
+            .count();
         assert_eq!(count(&reqs, Op::Flush), flushes, "{name} flushes");
         assert!(reqs.windows(2).all(|w| w[0].arrival_ns <= w[1].arrival_ns));
     }
@@ -87,7 +98,11 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 fn to_blkparse(reqs: &[Request]) -> String {
     let mut out = String::new();
     for (i, r) in reqs.iter().enumerate() {
-        let t = format!("{}.{:09}", r.arrival_ns / 1_000_000_000, r.arrival_ns % 1_000_000_000);
+        let t = format!(
+            "{}.{:09}",
+            r.arrival_ns / 1_000_000_000,
+            r.arrival_ns % 1_000_000_000
+        );
         let line = match r.op {
             Op::Flush => format!("  8,0    1 {:>8} {t} 4242  Q FWS [db_bench]\n", i + 1),
             op => {
@@ -113,9 +128,18 @@ fn to_fio(reqs: &[Request]) -> String {
     for r in reqs {
         let us = r.arrival_ns / 1000;
         let line = match r.op {
-            Op::Write => format!("{us} /dev/nbd0 write {} {}\n", r.offset_bytes, r.length_bytes),
-            Op::Read => format!("{us} /dev/nbd0 read {} {}\n", r.offset_bytes, r.length_bytes),
-            Op::Trim => format!("{us} /dev/nbd0 trim {} {}\n", r.offset_bytes, r.length_bytes),
+            Op::Write => format!(
+                "{us} /dev/nbd0 write {} {}\n",
+                r.offset_bytes, r.length_bytes
+            ),
+            Op::Read => format!(
+                "{us} /dev/nbd0 read {} {}\n",
+                r.offset_bytes, r.length_bytes
+            ),
+            Op::Trim => format!(
+                "{us} /dev/nbd0 trim {} {}\n",
+                r.offset_bytes, r.length_bytes
+            ),
             Op::Flush => format!("{us} /dev/nbd0 sync\n"),
         };
         out.push_str(&line);
@@ -150,8 +174,14 @@ fn the_pgbench_trace_gives_one_waf_in_every_format() {
     let a = replay(&nbd_path, TraceFormat::Nbdkit);
     let b = replay(&blk, TraceFormat::Blkparse);
     let c = replay(&fio, TraceFormat::Fio);
-    println!("pgbench: WAF {} erases {} GC writes {}", a.waf, a.erases, a.gc_write_pages);
-    assert!(a.gc_write_pages > 0, "the device is small enough for GC to copy pages");
+    println!(
+        "pgbench: WAF {} erases {} GC writes {}",
+        a.waf, a.erases, a.gc_write_pages
+    );
+    assert!(
+        a.gc_write_pages > 0,
+        "the device is small enough for GC to copy pages"
+    );
     assert!(a.host_trim_pages > 0);
     for other in [&b, &c] {
         assert_eq!(other.host_write_pages, a.host_write_pages);
@@ -166,18 +196,36 @@ fn disksim_traces_from_the_shared_generator_parse_and_match_native_splitmix() {
     let out = dir.join("rand4k.trace");
     let status = std::process::Command::new("python3")
         .arg(crate::support::shared().join("tools/gen_disksim_trace.py"))
-        .args(["--kind", "rand4k", "--span-bytes", "67108864", "--n", "20000", "--seed", "9", "--out"])
+        .args([
+            "--kind",
+            "rand4k",
+            "--span-bytes",
+            "67108864",
+            "--n",
+            "20000",
+            "--seed",
+            "9",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .expect("python3 runs the generator");
-    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
     let (format, reqs) = read_all(&out, None);
     assert_eq!(format, TraceFormat::Disksim);
     let span_pages = 67_108_864 / 4096;
     assert_eq!(reqs.len() as u64, span_pages + 20_000);
     let mut rng = SplitMix64::new(9);
     for (i, r) in reqs[span_pages as usize..].iter().enumerate() {
-        assert_eq!(r.offset_bytes, rng.bounded(span_pages) * 4096, "random write {i}");
+        assert_eq!(
+            r.offset_bytes,
+            rng.bounded(span_pages) * 4096,
+            "random write {i}"
+        );
         assert_eq!((r.op, r.length_bytes), (Op::Write, 4096));
     }
     assert_eq!(reqs[1].arrival_ns, 10_000);

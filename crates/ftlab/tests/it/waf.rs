@@ -31,8 +31,16 @@ fn desnoyers_limit(rho: f64) -> f64 {
 
 #[test]
 fn desnoyers_model_gives_the_published_limits() {
-    assert!((desnoyers_limit(0.07) - 7.82).abs() < 0.01, "{}", desnoyers_limit(0.07));
-    assert!((desnoyers_limit(0.28) - 2.48).abs() < 0.01, "{}", desnoyers_limit(0.28));
+    assert!(
+        (desnoyers_limit(0.07) - 7.82).abs() < 0.01,
+        "{}",
+        desnoyers_limit(0.07)
+    );
+    assert!(
+        (desnoyers_limit(0.28) - 2.48).abs() < 0.01,
+        "{}",
+        desnoyers_limit(0.28)
+    );
 }
 
 fn check_uniform(rho: f64, expected: f64) {
@@ -42,14 +50,24 @@ fn check_uniform(rho: f64, expected: f64) {
     );
     let r = run(&c);
     let limit = desnoyers_limit(rho);
-    println!("rho {rho}: WAF {} (reference {expected}, limit {limit:.3})", r.waf);
+    println!(
+        "rho {rho}: WAF {} (reference {expected}, limit {limit:.3})",
+        r.waf
+    );
     assert!(
         (r.waf - expected).abs() <= 0.03 * expected,
         "rho {rho}: WAF {} not within 3 % of {expected}",
         r.waf
     );
-    assert!(r.waf <= limit * 1.01, "WAF {} exceeds the model limit {limit}", r.waf);
-    assert_eq!(r.host_write_pages, (2.0 * r.device.logical_bytes as f64 / 4096.0).round() as u64);
+    assert!(
+        r.waf <= limit * 1.01,
+        "WAF {} exceeds the model limit {limit}",
+        r.waf
+    );
+    assert_eq!(
+        r.host_write_pages,
+        (2.0 * r.device.logical_bytes as f64 / 4096.0).round() as u64
+    );
     assert_eq!(r.nand_write_pages, r.host_program_pages + r.gc_write_pages);
 }
 
@@ -78,7 +96,10 @@ fn sequential_overwrite_has_waf_one() {
     let r = run(&c);
     assert_eq!(r.waf, 1.0);
     assert_eq!(r.gc_write_pages, 0);
-    assert!(r.erases > 0, "GC must have run and found only invalid blocks");
+    assert!(
+        r.erases > 0,
+        "GC must have run and found only invalid blocks"
+    );
 }
 
 #[test]
@@ -97,7 +118,10 @@ fn separating_hot_and_cold_streams_lowers_waf() {
     let mut sets = base.to_vec();
     sets.push("workload.stream_by_temperature=true");
     let separated = run(&config("validation-uniform", &sets));
-    println!("hot/cold WAF: one stream {} two streams {}", mixed.waf, separated.waf);
+    println!(
+        "hot/cold WAF: one stream {} two streams {}",
+        mixed.waf, separated.waf
+    );
     assert!(separated.waf < mixed.waf * 0.8);
 }
 
