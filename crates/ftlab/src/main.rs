@@ -89,7 +89,8 @@ struct SimArgs {
     /// Fold addresses beyond the logical capacity into it instead of failing.
     #[arg(long)]
     wrap: bool,
-    /// Sequential fill then random overwrite before measuring (workload.precondition).
+    /// Sequential fill then random overwrite before measuring (workload.precondition; on by
+    /// default for generators, off for --trace).
     #[arg(long)]
     precondition: bool,
     /// Workload seed (workload.seed).
@@ -106,8 +107,13 @@ struct SimArgs {
     quiet: bool,
 }
 
-fn build_config(args: &ConfigArgs, extra: &[String]) -> Result<ftlab::Config> {
+/// Preset, then `defaults` (what a command implies), then files, then --set, then `extra` (the
+/// command's own flags).
+fn build_config(args: &ConfigArgs, defaults: &[String], extra: &[String]) -> Result<ftlab::Config> {
     let mut builder = ConfigBuilder::from_preset(&args.preset)?;
+    for set in defaults {
+        builder.set(set)?;
+    }
     for path in &args.configs {
         builder.merge_file(path)?;
     }
@@ -203,7 +209,13 @@ fn run_sim(args: SimArgs) -> Result<()> {
     if let Some(s) = args.seed {
         extra.push(format!("workload.seed={s}"));
     }
-    let config = build_config(&args.config, &extra)?;
+    // A replayed trace starts on a fresh device, as it was recorded, unless asked otherwise.
+    let defaults = if args.trace.is_some() {
+        vec!["workload.precondition=false".to_string()]
+    } else {
+        Vec::new()
+    };
+    let config = build_config(&args.config, &defaults, &extra)?;
     let mut view = ProgressView::new(!args.quiet);
     let report = sim::run(&config, &mut |p| view.update(p));
     view.finish();
@@ -239,7 +251,7 @@ fn main() {
             }
             Ok(())
         }
-        Command::Config(args) => build_config(&args, &[]).map(|c| print!("{}", c.to_toml())),
+        Command::Config(args) => build_config(&args, &[], &[]).map(|c| print!("{}", c.to_toml())),
     };
     if let Err(e) = result {
         eprintln!("ftlab: error: {e:#}");

@@ -20,6 +20,7 @@ fn histogram() -> Histogram<u64> {
 /// One interval of the time series.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SeriesRow {
+    /// End of the interval, simulated ns since the measured phase began.
     pub end_ns: u64,
     pub host_write_pages: u64,
     pub nand_write_pages: u64,
@@ -40,6 +41,7 @@ pub struct Recorder {
     read_bytes: u64,
     write_bytes: u64,
     interval_ns: u64,
+    start_ns: u64,
     next_boundary_ns: u64,
     last_host: u64,
     last_nand: u64,
@@ -57,6 +59,7 @@ impl Recorder {
             read_bytes: 0,
             write_bytes: 0,
             interval_ns,
+            start_ns,
             next_boundary_ns: start_ns + interval_ns,
             last_host: 0,
             last_nand: 0,
@@ -79,7 +82,7 @@ impl Recorder {
         let host = s.host_write_pages - self.last_host;
         let nand = s.nand_write_pages() - self.last_nand;
         self.series.push(SeriesRow {
-            end_ns,
+            end_ns: end_ns - self.start_ns,
             host_write_pages: host,
             nand_write_pages: nand,
             waf: if host == 0 {

@@ -4,6 +4,7 @@ mod cli;
 mod config_errors;
 mod determinism;
 mod invariants;
+mod readme;
 mod support;
 mod traces;
 mod waf;

@@ -161,6 +161,7 @@ fn the_pgbench_trace_gives_one_waf_in_every_format() {
         "capacity.logical_bytes=536870912",
         "flash.superblock_dies=1",
         "workload.wrap=true",
+        "workload.precondition=false",
     ];
     let replay = |path: &Path, expect: TraceFormat| {
         let (format, parsed) = read_all(path, None);

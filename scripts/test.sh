@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every test ftlab has, as CI runs it. Installs what the tests need beyond Rust, cargo-nextest and
+# Python 3 (only when missing, so it is quick on a developer's machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+# `ftlab plot` draws text with DejaVu Sans (tests/it/cli.rs plots a report).
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq "${need_apt[@]}"
+  fi
+fi
+[ -d ../shared/traces ] || { echo "scripts/test.sh: ../shared (traces, tools) must sit beside the project" >&2; exit 1; }
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo nextest run --workspace --no-fail-fast
+cargo test --workspace --doc
