@@ -469,8 +469,30 @@ impl Config {
         if w.replay != "open" && w.replay != "closed" {
             return Err(invalid("workload.replay", "must be `open` or `closed`"));
         }
-        if !(w.time_scale.is_finite() && w.time_scale >= 0.0) {
-            return Err(invalid("workload.time_scale", "must be a number >= 0"));
+        if !(w.time_scale.is_finite() && (0.0..=1000.0).contains(&w.time_scale)) {
+            return Err(invalid(
+                "workload.time_scale",
+                "must be a number in 0..=1000",
+            ));
+        }
+        let span = if w.span_bytes == 0 {
+            geometry.logical_bytes()
+        } else {
+            w.span_bytes
+        };
+        if w.kind == "hotcold" && w.trace.is_none() && span / w.request_size_bytes < 2 {
+            return Err(invalid(
+                "workload.span_bytes",
+                "hotcold needs room for at least two requests (a hot one and a cold one)",
+            ));
+        }
+        if w.kind == "jesd219" && w.trace.is_none() {
+            if span < 1 << 20 {
+                return Err(invalid(
+                    "workload.span_bytes",
+                    "jesd219 needs at least 1 MiB to place its transfers (up to 64 KiB) in its three regions",
+                ));
+            }
         }
         if let Some(f) = &w.format {
             crate::trace::TraceFormat::parse(f).map_err(|r| invalid("workload.format", r))?;

@@ -163,10 +163,10 @@ impl Geometry {
                 "must be >= ftl.gc_thres_pcent (foreground GC starts later than background GC)",
             ));
         }
-        if ftl.gc_free_superblocks_min < 1 {
+        if ftl.gc_free_superblocks_min < 2 {
             return Err(invalid(
                 "ftl.gc_free_superblocks_min",
-                "must be at least 1: GC needs a free superblock to copy into",
+                "must be at least 2: a host write may take one free superblock just before GC needs another to copy into",
             ));
         }
         let frontiers = ftl.streams * if ftl.gc_separate_frontier { 2 } else { 1 };
@@ -189,6 +189,21 @@ impl Geometry {
         let free_at = |pcent: f64| {
             (pcent < 100.0).then(|| ((1.0 - pcent / 100.0) * f64::from(superblocks)).floor() as u32)
         };
+        // Foreground GC makes host writes wait until this many superblocks are free: the logical
+        // data must fit in the rest, or every write would stall on GC that cannot succeed.
+        if let Some(kept_free) = free_at(ftl.gc_thres_pcent_high) {
+            let rest = u64::from(superblocks.saturating_sub(kept_free + 1 + frontiers))
+                * pages_per_superblock;
+            if logical_pages >= rest {
+                return Err(invalid(
+                    "ftl.gc_thres_pcent_high",
+                    format!(
+                        "foreground GC would keep {} of {superblocks} superblocks free, leaving too few for {logical_pages} logical pages; raise it or the over-provisioning",
+                        kept_free + 1
+                    ),
+                ));
+            }
+        }
         let timing_keys = [
             ("flash.read_latency_ns", f.read_latency_ns),
             ("flash.program_latency_ns", f.program_latency_ns),

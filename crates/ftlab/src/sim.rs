@@ -230,16 +230,19 @@ fn run_with<M: MappingTable>(
             ftl.prefetch_block_state(next);
         }
         let arrival_ns = if open_loop {
-            start_ns + (request.arrival_ns as f64 * w.time_scale) as u64
+            // Bounded: trace spans are < 2^60 ns and time_scale <= 1000.
+            start_ns.saturating_add((request.arrival_ns as f64 * w.time_scale) as u64)
         } else {
             outstanding.pop().expect("queue depth >= 1").0
         };
         recorder.advance(arrival_ns, &ftl);
         let end = request.offset_bytes.saturating_add(request.length_bytes);
         let completion_ns = if request.op != Op::Flush && end > capacity && w.wrap {
-            // Fold every page into the device: the request is cut where it crosses the end.
+            // Fold every page into the device: the request is cut where it crosses the end, and one
+            // longer than the whole device covers it once.
             let mut done_ns = arrival_ns;
-            let (mut offset, mut remaining) = (request.offset_bytes, request.length_bytes);
+            let (mut offset, mut remaining) =
+                (request.offset_bytes, request.length_bytes.min(capacity));
             while remaining > 0 {
                 let start = offset % capacity;
                 let length = remaining.min(capacity - start);

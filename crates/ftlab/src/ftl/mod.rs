@@ -319,11 +319,21 @@ impl<M: MappingTable> Ftl<M> {
     fn program_host_page(&mut self, lpn: u32, stream: u8, ready_ns: u64) -> ProgramTimes {
         let mut ready_ns = ready_ns;
         while self.blocks.free_count() < self.gc_foreground_below {
-            let done = self
-                .collect_one(0, ready_ns)
-                .expect("validated over-provisioning guarantees a reclaimable superblock");
-            self.stats.gc_foreground += 1;
-            ready_ns = ready_ns.max(done);
+            match self.collect_one(0, ready_ns) {
+                Some(done) => {
+                    self.stats.gc_foreground += 1;
+                    ready_ns = ready_ns.max(done);
+                }
+                // Nothing reclaimable: as FEMU, give up until the next write. Below the reserve
+                // this cannot happen (the geometry refuses such over-provisioning).
+                None => {
+                    assert!(
+                        self.blocks.free_count() >= self.geometry.free_superblocks_min,
+                        "no reclaimable superblock with the free pool below its reserve"
+                    );
+                    break;
+                }
+            }
         }
         if self.blocks.free_count() < self.gc_background_below
             && self

@@ -58,11 +58,19 @@ fn shape() -> impl Strategy<Value = Shape> {
         )
 }
 
+/// `PROPTEST_CASES` raises the case count for a long local run; CI uses the defaults here.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 const BLOCKS_PER_DIE: u32 = 24;
 const PAGES_PER_BLOCK: u32 = 8;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
 
     #[test]
     fn ftl_invariants_hold_under_random_operations(
@@ -136,5 +144,55 @@ proptest! {
         }
         let s = ftl.stats();
         prop_assert_eq!(s.nand_write_pages(), s.host_program_pages + s.gc_write_pages);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
+
+    /// Any configuration is either refused with a message or simulated to the end: no panic, and
+    /// the report's counters add up.
+    #[test]
+    fn random_configs_are_refused_or_run(
+        channels in 1..4u32, dies in 1..3u32, blocks in 1..40u32, pages in 1..40u32,
+        page_shift in 9..14u32, sb_dies in 0..3u32, rho in 0.01..1.5f64,
+        streams in 1..4u32, separate in any::<bool>(), buffer_kib in 0..512u32,
+        bg in 50.0..100.0f64, fg_extra in 0.0..50.0f64, free_min in 0..4u32,
+        kind in 0..5usize, read_pcent in 0.0..100.0f64, size_sectors in 1..80u64, qd in 1..8u32,
+        precondition in any::<bool>(), seed in any::<u64>(),
+    ) {
+        let kinds = ["sequential", "uniform", "zipf", "hotcold", "jesd219"];
+        let mut b = ConfigBuilder::from_preset("femu").unwrap();
+        for s in [
+            format!("flash.channels={channels}"),
+            format!("flash.dies_per_channel={dies}"),
+            format!("flash.blocks_per_die={blocks}"),
+            format!("flash.pages_per_block={pages}"),
+            format!("flash.page_size_bytes={}", 1u32 << page_shift),
+            format!("flash.superblock_dies={sb_dies}"),
+            format!("capacity.over_provisioning={rho}"),
+            format!("ftl.streams={streams}"),
+            format!("ftl.gc_separate_frontier={separate}"),
+            format!("ftl.write_buffer_mib={}", f64::from(buffer_kib) / 1024.0),
+            format!("ftl.gc_thres_pcent={bg}"),
+            format!("ftl.gc_thres_pcent_high={}", (bg + fg_extra).min(100.0)),
+            format!("ftl.gc_free_superblocks_min={free_min}"),
+            format!("workload.kind={}", kinds[kind]),
+            format!("workload.read_pcent={read_pcent}"),
+            format!("workload.request_size_bytes={}", size_sectors * 512),
+            format!("workload.queue_depth={qd}"),
+            "workload.requests=3000".to_string(),
+            format!("workload.precondition={precondition}"),
+            "workload.precondition_overwrites=1".to_string(),
+            format!("workload.seed={seed}"),
+        ] {
+            b.set(&s).unwrap();
+        }
+        let Ok(config) = b.build() else { return Ok(()) };
+        let r = ftlab::sim::run(&config, &mut |_| {}).expect("a valid config runs");
+        prop_assert_eq!(r.nand_write_pages, r.host_program_pages + r.gc_write_pages);
+        prop_assert!(r.host_program_pages <= r.host_write_pages);
+        prop_assert_eq!(r.requests.read + r.requests.write, 3000);
+        prop_assert!(r.waf == 0.0 || r.waf >= 0.0);
     }
 }
