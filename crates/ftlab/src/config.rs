@@ -486,13 +486,11 @@ impl Config {
                 "hotcold needs room for at least two requests (a hot one and a cold one)",
             ));
         }
-        if w.kind == "jesd219" && w.trace.is_none() {
-            if span < 1 << 20 {
-                return Err(invalid(
-                    "workload.span_bytes",
-                    "jesd219 needs at least 1 MiB to place its transfers (up to 64 KiB) in its three regions",
-                ));
-            }
+        if w.kind == "jesd219" && w.trace.is_none() && span < 1 << 20 {
+            return Err(invalid(
+                "workload.span_bytes",
+                "jesd219 needs at least 1 MiB to place its transfers (up to 64 KiB) in its three regions",
+            ));
         }
         if let Some(f) = &w.format {
             crate::trace::TraceFormat::parse(f).map_err(|r| invalid("workload.format", r))?;

@@ -382,21 +382,6 @@ pub(crate) fn sectors(n: u64, field: &'static str) -> Result<u64, FieldError> {
         .ok_or_else(|| FieldError::new(field, "sector number overflows 64-bit bytes"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seconds_parse_exactly() {
-        assert_eq!(seconds_to_ns("1.5", "t").unwrap(), 1_500_000_000);
-        assert_eq!(seconds_to_ns("0.000000001", "t").unwrap(), 1);
-        assert_eq!(seconds_to_ns("3", "t").unwrap(), 3_000_000_000);
-        assert!(seconds_to_ns("x", "t").is_err());
-        assert!(seconds_to_ns("1.0000000001", "t").is_err());
-        assert!(seconds_to_ns("99999999999999999999", "t").is_err());
-    }
-}
-
 /// Feeds arbitrary bytes through a parser, line by line as the reader does, then through the
 /// whole reader from a file. Used by the cargo fuzz targets (`fuzz/`) and the garbage tests; it
 /// must never panic.
@@ -411,5 +396,20 @@ pub fn fuzz_one(format: TraceFormat, data: &[u8]) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_parse_exactly() {
+        assert_eq!(seconds_to_ns("1.5", "t").unwrap(), 1_500_000_000);
+        assert_eq!(seconds_to_ns("0.000000001", "t").unwrap(), 1);
+        assert_eq!(seconds_to_ns("3", "t").unwrap(), 3_000_000_000);
+        assert!(seconds_to_ns("x", "t").is_err());
+        assert!(seconds_to_ns("1.0000000001", "t").is_err());
+        assert!(seconds_to_ns("99999999999999999999", "t").is_err());
     }
 }
