@@ -7,7 +7,7 @@ seconds=${1:-60}
 shared=../../shared
 mkdir -p corpus/parse_msr corpus/parse_nbdkit corpus/parse_disksim corpus/parse_blkparse corpus/parse_fio
 head -50 "$shared/traces/msr-hm0-sample.csv" > corpus/parse_msr/seed
-zcat "$shared/traces/rocksdb.nbdlog.gz" | head -50 > corpus/parse_nbdkit/seed
+zcat "$shared/traces/rocksdb.nbdlog.gz" | head -50 > corpus/parse_nbdkit/seed || true  # head closes the pipe early
 printf '0 0 0 8 0\n10000 0 8 8 1\n' > corpus/parse_disksim/seed
 printf '  8,0    3        1     0.000000000   697  Q   W 223490 + 8 [kjournald]\n8,0 0 5 2.0 123 Q FWS [jbd2]\n' > corpus/parse_blkparse/seed
 printf 'fio version 3 iolog\n0 /dev/x add\n878 /dev/x write 0 16384\n9 /dev/x sync\n' > corpus/parse_fio/seed

@@ -23,3 +23,16 @@ pub struct Request {
     /// Placement stream (multi-stream / FDP placement handle); 0 by default.
     pub stream: u8,
 }
+
+impl Request {
+    /// A request on the default stream, as every trace format gives them.
+    pub fn new(arrival_ns: u64, op: Op, offset_bytes: u64, length_bytes: u64) -> Self {
+        Self {
+            arrival_ns,
+            op,
+            offset_bytes,
+            length_bytes,
+            stream: 0,
+        }
+    }
+}

@@ -79,13 +79,12 @@ pub fn parse(line: &str, state: &mut ParserState) -> Result<Option<Request>, Fie
         None if op == Op::Flush => (0, 0),
         None => return Err(FieldError::new("sector", "missing")),
     };
-    Ok(Some(Request {
+    Ok(Some(Request::new(
         arrival_ns,
         op,
         offset_bytes,
         length_bytes,
-        stream: 0,
-    }))
+    )))
 }
 
 #[cfg(test)]

@@ -39,13 +39,12 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
             format!("unexpected sixth field `{}`", clip(extra)),
         ));
     }
-    Ok(Some(Request {
+    Ok(Some(Request::new(
         arrival_ns,
         op,
-        offset_bytes: sectors(lba, "lba_sectors")?,
-        length_bytes: sectors(size, "size_sectors")?,
-        stream: 0,
-    }))
+        sectors(lba, "lba_sectors")?,
+        sectors(size, "size_sectors")?,
+    )))
 }
 
 #[cfg(test)]

@@ -71,13 +71,12 @@ pub fn parse(line: &str, state: &mut ParserState) -> Result<Option<Request>, Fie
             dec(tokens.next().unwrap_or(""), "length")?,
         )
     };
-    Ok(Some(Request {
+    Ok(Some(Request::new(
         arrival_ns,
         op,
         offset_bytes,
         length_bytes,
-        stream: 0,
-    }))
+    )))
 }
 
 #[cfg(test)]

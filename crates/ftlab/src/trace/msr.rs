@@ -36,13 +36,7 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
     let arrival_ns = ticks
         .checked_mul(100)
         .ok_or_else(|| FieldError::new("Timestamp", "overflows 64-bit nanoseconds"))?;
-    Ok(Some(Request {
-        arrival_ns,
-        op,
-        offset_bytes: offset,
-        length_bytes: size,
-        stream: 0,
-    }))
+    Ok(Some(Request::new(arrival_ns, op, offset, size)))
 }
 
 #[cfg(test)]

@@ -60,13 +60,12 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
             count.ok_or_else(|| FieldError::new("count", "missing"))?,
         )
     };
-    Ok(Some(Request {
+    Ok(Some(Request::new(
         arrival_ns,
         op,
         offset_bytes,
         length_bytes,
-        stream: 0,
-    }))
+    )))
 }
 
 /// "2026-11-21" "23:01:34.086555" to nanoseconds since the Unix epoch (UTC).
