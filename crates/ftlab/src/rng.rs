@@ -27,18 +27,16 @@ impl SplitMix64 {
     /// Uniform in `0..n` without modulo bias (rejection, as the Python generator does).
     #[inline]
     pub fn bounded(&mut self, n: u64) -> u64 {
-        debug_assert!(n > 0);
-        // 2^64 - (2^64 mod n), computed without 128-bit arithmetic; when n divides 2^64 every
-        // draw is accepted.
-        let rem = (u64::MAX % n + 1) % n;
-        if rem == 0 {
-            return self.next_u64() % n;
-        }
-        let limit = 0u64.wrapping_sub(rem);
+        self.below(Range::new(n))
+    }
+
+    /// [`bounded`](Self::bounded) with the rejection limit computed once, for hot loops.
+    #[inline]
+    pub fn below(&mut self, range: Range) -> u64 {
         loop {
             let x = self.next_u64();
-            if x < limit {
-                return x % n;
+            if range.limit == 0 || x < range.limit {
+                return x % range.n;
             }
         }
     }
@@ -47,6 +45,25 @@ impl SplitMix64 {
     #[inline]
     pub fn unit_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// `0..n` with its rejection limit 2^64 - (2^64 mod n) precomputed (0 when n divides 2^64, so
+/// every draw is accepted).
+#[derive(Clone, Copy, Debug)]
+pub struct Range {
+    n: u64,
+    limit: u64,
+}
+
+impl Range {
+    pub fn new(n: u64) -> Self {
+        assert!(n > 0, "empty range");
+        let rem = (u64::MAX % n + 1) % n;
+        Self {
+            n,
+            limit: 0u64.wrapping_sub(rem),
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::config::WorkloadConfig;
 use crate::request::{Op, Request};
-use crate::rng::SplitMix64;
+use crate::rng::{Range, SplitMix64};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GeneratorKind {
@@ -126,10 +126,12 @@ pub struct Generator {
     span_bytes: u64,
     request_size_bytes: u64,
     /// Request-sized slots in the span.
-    slots: u64,
+    all_slots: Range,
+    cold_slots: Range,
     read_fraction: f64,
     hot_fraction: f64,
     hot_slots: u64,
+    hot_range: Range,
     stream_by_temperature: bool,
     zipf: Option<Zipf>,
     cursor_bytes: u64,
@@ -151,7 +153,9 @@ impl Generator {
             rng: SplitMix64::new(w.seed),
             span_bytes,
             request_size_bytes: w.request_size_bytes,
-            slots,
+            all_slots: Range::new(slots),
+            cold_slots: Range::new((slots - hot_slots).max(1)),
+            hot_range: Range::new(hot_slots),
             read_fraction: w.read_pcent / 100.0,
             hot_fraction: w.hot_access_pcent / 100.0,
             hot_slots,
@@ -163,15 +167,18 @@ impl Generator {
 
     /// A uniform random page-sized writer over the whole span, for preconditioning.
     pub fn uniform_writer(seed: u64, span_bytes: u64, page_bytes: u64) -> Self {
+        let slots = span_bytes / page_bytes;
         Self {
             kind: GeneratorKind::Uniform,
             rng: SplitMix64::new(seed),
             span_bytes,
             request_size_bytes: page_bytes,
-            slots: span_bytes / page_bytes,
+            all_slots: Range::new(slots),
+            cold_slots: Range::new(1),
             read_fraction: 0.0,
             hot_fraction: 0.0,
             hot_slots: 1,
+            hot_range: Range::new(1),
             stream_by_temperature: false,
             zipf: None,
             cursor_bytes: 0,
@@ -200,7 +207,7 @@ impl Generator {
                 self.cursor_bytes += size;
                 (o, size)
             }
-            GeneratorKind::Uniform => (self.rng.bounded(self.slots) * size, size),
+            GeneratorKind::Uniform => (self.rng.below(self.all_slots) * size, size),
             GeneratorKind::Zipf => {
                 let u = self.rng.unit_f64();
                 (self.zipf.as_ref().expect("zipf built").item(u) * size, size)
@@ -208,9 +215,9 @@ impl Generator {
             GeneratorKind::HotCold => {
                 let slot = if self.rng.unit_f64() < self.hot_fraction {
                     stream = 1;
-                    self.rng.bounded(self.hot_slots)
+                    self.rng.below(self.hot_range)
                 } else {
-                    self.hot_slots + self.rng.bounded(self.slots - self.hot_slots)
+                    self.hot_slots + self.rng.below(self.cold_slots)
                 };
                 (slot * size, size)
             }

@@ -69,7 +69,7 @@ pub struct Ftl<M: MappingTable> {
 }
 
 /// How many GC moves ahead the mapping entry is prefetched: enough to overlap cache misses.
-const GC_PREFETCH_DISTANCE: usize = 16;
+const GC_PREFETCH_DISTANCE: usize = 32;
 
 impl<M: MappingTable> Ftl<M> {
     pub fn new(config: &Config, map: M) -> Self {
