@@ -8,6 +8,7 @@ pub mod report;
 pub mod request;
 pub mod rng;
 pub mod sim;
+pub mod store;
 pub mod table;
 pub mod trace;
 pub mod workload;

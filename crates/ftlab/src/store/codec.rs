@@ -1,0 +1,194 @@
+//! Page codecs: LZ4 (lz4_flex), Zstandard at a level, and Zstandard with a dictionary trained
+//! from the device's own pages. Compression contexts live per thread, created once, because
+//! setting one up (and loading a dictionary into it) costs more than compressing a page.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Lz4,
+    Zstd {
+        level: i32,
+    },
+    /// Zstandard with the store's current dictionary (plain Zstandard until one is trained).
+    ZstdDict {
+        level: i32,
+    },
+}
+
+impl Codec {
+    /// `lz4`, `zstd`, `zstd:LEVEL`, `zstd-dict`, `zstd-dict:LEVEL`.
+    pub fn parse(s: &str) -> Result<Codec, String> {
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => (
+                n,
+                Some(
+                    l.parse::<i32>()
+                        .map_err(|_| format!("`{l}` is not a zstd level"))?,
+                ),
+            ),
+            None => (s, None),
+        };
+        let level = level.unwrap_or(3);
+        if !(1..=22).contains(&level) {
+            return Err(format!("zstd level {level} is outside 1..=22"));
+        }
+        match name {
+            "lz4" => Ok(Codec::Lz4),
+            "zstd" => Ok(Codec::Zstd { level }),
+            "zstd-dict" => Ok(Codec::ZstdDict { level }),
+            other => Err(format!(
+                "unknown codec `{other}` (lz4, zstd[:LEVEL], zstd-dict[:LEVEL])"
+            )),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Codec::Lz4 => "lz4".into(),
+            Codec::Zstd { level } => format!("zstd:{level}"),
+            Codec::ZstdDict { level } => format!("zstd-dict:{level}"),
+        }
+    }
+}
+
+/// A trained dictionary; `id` is what entries record (0 = no dictionary).
+#[derive(Debug)]
+pub struct Dictionary {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// How a stored page was encoded; kept in its entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    Lz4,
+    Zstd,
+    ZstdDict(u32),
+}
+
+struct ThreadCodecs {
+    zstd: HashMap<i32, zstd::bulk::Compressor<'static>>,
+    zstd_dict: HashMap<(u32, i32), zstd::bulk::Compressor<'static>>,
+    unzstd: Option<zstd::bulk::Decompressor<'static>>,
+    unzstd_dict: HashMap<u32, zstd::bulk::Decompressor<'static>>,
+}
+
+thread_local! {
+    static CODECS: RefCell<ThreadCodecs> = RefCell::new(ThreadCodecs {
+        zstd: HashMap::new(),
+        zstd_dict: HashMap::new(),
+        unzstd: None,
+        unzstd_dict: HashMap::new(),
+    });
+}
+
+/// Compresses `page` into `out` (cleared first). Returns the encoding used.
+pub fn compress(
+    codec: Codec,
+    dictionary: Option<&Arc<Dictionary>>,
+    page: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Encoding, String> {
+    out.clear();
+    match codec {
+        Codec::Lz4 => {
+            out.resize(lz4_flex::block::get_maximum_output_size(page.len()), 0);
+            let n = lz4_flex::block::compress_into(page, out).map_err(|e| e.to_string())?;
+            out.truncate(n);
+            Ok(Encoding::Lz4)
+        }
+        Codec::Zstd { level } | Codec::ZstdDict { level } => {
+            let dict = match codec {
+                Codec::ZstdDict { .. } => dictionary,
+                _ => None,
+            };
+            out.resize(zstd::zstd_safe::compress_bound(page.len()), 0);
+            let n = CODECS.with(|c| -> Result<usize, String> {
+                let mut c = c.borrow_mut();
+                let compressor = match dict {
+                    None => match c.zstd.entry(level) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(zstd::bulk::Compressor::new(level).map_err(|e| e.to_string())?)
+                        }
+                    },
+                    Some(d) => {
+                        // Contexts of older dictionaries are dropped as a new one arrives.
+                        if !c.zstd_dict.contains_key(&(d.id, level)) {
+                            c.zstd_dict.retain(|(id, _), _| *id > d.id);
+                        }
+                        match c.zstd_dict.entry((d.id, level)) {
+                            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                            std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                                zstd::bulk::Compressor::with_dictionary(level, &d.bytes)
+                                    .map_err(|e| e.to_string())?,
+                            ),
+                        }
+                    }
+                };
+                compressor
+                    .compress_to_buffer(page, &mut out[..])
+                    .map_err(|e| e.to_string())
+            })?;
+            out.truncate(n);
+            Ok(match dict {
+                Some(d) => Encoding::ZstdDict(d.id),
+                None => Encoding::Zstd,
+            })
+        }
+    }
+}
+
+/// Decompresses `stored` into `out` (exactly one page).
+pub fn decompress(
+    encoding: Encoding,
+    dictionaries: &dyn Fn(u32) -> Option<Arc<Dictionary>>,
+    stored: &[u8],
+    out: &mut [u8],
+) -> Result<(), String> {
+    let n = match encoding {
+        Encoding::Lz4 => {
+            lz4_flex::block::decompress_into(stored, out).map_err(|e| e.to_string())?
+        }
+        Encoding::Zstd => CODECS.with(|c| -> Result<usize, String> {
+            let mut c = c.borrow_mut();
+            if c.unzstd.is_none() {
+                c.unzstd = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
+            }
+            c.unzstd
+                .as_mut()
+                .expect("set above")
+                .decompress_to_buffer(stored, out)
+                .map_err(|e| e.to_string())
+        })?,
+        Encoding::ZstdDict(id) => CODECS.with(|c| -> Result<usize, String> {
+            let mut c = c.borrow_mut();
+            let decompressor = match c.unzstd_dict.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let d = dictionaries(id).ok_or_else(|| format!("dictionary {id} is gone"))?;
+                    v.insert(
+                        zstd::bulk::Decompressor::with_dictionary(&d.bytes)
+                            .map_err(|e| e.to_string())?,
+                    )
+                }
+            };
+            decompressor
+                .decompress_to_buffer(stored, out)
+                .map_err(|e| e.to_string())
+        })?,
+    };
+    if n != out.len() {
+        return Err(format!("decoded {n} bytes, expected {}", out.len()));
+    }
+    Ok(())
+}
+
+/// Trains a dictionary of up to `max_bytes` from sample pages.
+pub fn train(samples: &[u8], page_bytes: usize, max_bytes: usize) -> Result<Vec<u8>, String> {
+    let sizes = vec![page_bytes; samples.len() / page_bytes];
+    zstd::dict::from_continuous(samples, &sizes, max_bytes).map_err(|e| e.to_string())
+}

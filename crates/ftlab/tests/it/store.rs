@@ -1,0 +1,284 @@
+//! The compressed page store against a HashMap oracle, under every codec, with batches, trims,
+//! compaction, dictionary retraining and concurrent writers.
+
+use ftlab::rng::SplitMix64;
+use ftlab::store::codec::Codec;
+use ftlab::store::{PageStore, StoreConfig, StoreError};
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const WORDS: &[&str] = &[
+    "the ",
+    "page ",
+    "store ",
+    "flash ",
+    "ssd ",
+    "block ",
+    "zram ",
+    "fn main() {",
+    "}\n",
+    "return ",
+    "0x0000",
+    "    ",
+    "let x = ",
+    "#include <stdio.h>\n",
+    "ERROR",
+    "<html>",
+];
+
+/// Pages of several kinds: zeros, a repeated word, text-like, random, and half-and-half.
+pub fn page(kind: u8, seed: u64, page_bytes: usize) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed);
+    match kind % 5 {
+        0 => vec![0; page_bytes],
+        1 => {
+            let w = rng.next_u64().to_le_bytes();
+            (0..page_bytes).map(|i| w[i % 8]).collect()
+        }
+        2 => {
+            let mut p = Vec::with_capacity(page_bytes + 32);
+            while p.len() < page_bytes {
+                p.extend_from_slice(WORDS[rng.bounded(WORDS.len() as u64) as usize].as_bytes());
+            }
+            p.truncate(page_bytes);
+            p
+        }
+        3 => (0..page_bytes).map(|_| rng.next_u64() as u8).collect(),
+        _ => {
+            let mut p = page(2, seed, page_bytes);
+            for b in &mut p[page_bytes / 2..] {
+                *b = rng.next_u64() as u8;
+            }
+            p
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write {
+        lpn: u64,
+        kind: u8,
+        seed: u64,
+    },
+    Batch {
+        start: u64,
+        n: u64,
+        kind: u8,
+        seed: u64,
+    },
+    Trim {
+        lpn: u64,
+    },
+    Read {
+        lpn: u64,
+    },
+    Compact,
+    Train,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..200u64, any::<u8>(), any::<u64>()).prop_map(|(lpn, kind, seed)| Op::Write { lpn, kind, seed }),
+        2 => (0..200u64, 1..40u64, any::<u8>(), any::<u64>()).prop_map(|(start, n, kind, seed)| Op::Batch { start, n, kind, seed }),
+        3 => (0..200u64).prop_map(|lpn| Op::Trim { lpn }),
+        4 => (0..220u64).prop_map(|lpn| Op::Read { lpn }),
+        1 => Just(Op::Compact),
+        1 => Just(Op::Train),
+    ]
+}
+
+fn codec() -> impl Strategy<Value = Codec> {
+    prop_oneof![
+        Just(Codec::Lz4),
+        (1..6i32).prop_map(|level| Codec::Zstd { level }),
+        (1..6i32).prop_map(|level| Codec::ZstdDict { level }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_read_equals_the_oracle(
+        codec in codec(),
+        page_bytes in prop_oneof![Just(4096usize), Just(8192), Just(16384)],
+        shards in prop_oneof![Just(1usize), Just(4), Just(16)],
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        let mut config = StoreConfig::new(page_bytes, codec);
+        config.shards = shards;
+        let store = PageStore::new(config).unwrap();
+        let mut oracle: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut buf = vec![0u8; page_bytes];
+        for op in ops {
+            match op {
+                Op::Write { lpn, kind, seed } => {
+                    let p = page(kind, seed, page_bytes);
+                    store.write(lpn, &p).unwrap();
+                    oracle.insert(lpn, p);
+                }
+                Op::Batch { start, n, kind, seed } => {
+                    // Includes a duplicate LPN: the later copy must win.
+                    let mut lpns: Vec<u64> = (start..start + n).collect();
+                    lpns.push(start);
+                    let mut data = Vec::new();
+                    for (i, &lpn) in lpns.iter().enumerate() {
+                        let p = page(kind.wrapping_add(i as u8), seed ^ i as u64, page_bytes);
+                        data.extend_from_slice(&p);
+                        oracle.insert(lpn, p);
+                    }
+                    store.write_batch(&lpns, &data).unwrap();
+                }
+                Op::Trim { lpn } => {
+                    store.trim(lpn);
+                    oracle.remove(&lpn);
+                }
+                Op::Read { lpn } => {
+                    store.read(lpn, &mut buf).unwrap();
+                    let zeros = vec![0u8; page_bytes];
+                    prop_assert_eq!(&buf, oracle.get(&lpn).unwrap_or(&zeros), "lpn {}", lpn);
+                }
+                Op::Compact => {
+                    store.compact();
+                }
+                Op::Train => {
+                    // May fail with too few compressible pages; that is a clean error.
+                    let _ = store.train_dictionary();
+                }
+            }
+            store.check();
+        }
+        let lpns: Vec<u64> = (0..240).collect();
+        let mut all = vec![0u8; lpns.len() * page_bytes];
+        store.read_batch(&lpns, &mut all).unwrap();
+        for (i, lpn) in lpns.iter().enumerate() {
+            let zeros = vec![0u8; page_bytes];
+            prop_assert_eq!(&all[i * page_bytes..(i + 1) * page_bytes], &oracle.get(lpn).unwrap_or(&zeros)[..]);
+        }
+        let s = store.stats();
+        prop_assert_eq!(s.pages_stored, oracle.len() as u64);
+        prop_assert_eq!(s.orig_data_size, oracle.len() as u64 * page_bytes as u64);
+        // Trimming everything returns every slab.
+        for lpn in 0..240 {
+            store.trim(lpn);
+        }
+        let s = store.stats();
+        prop_assert_eq!((s.mem_used_total, s.compr_data_size, s.pages_stored), (0, 0, 0));
+    }
+}
+
+#[test]
+fn concurrent_writers_last_write_wins_and_nothing_tears() {
+    let store = Arc::new(PageStore::new(StoreConfig::new(4096, Codec::Lz4)).unwrap());
+    let threads = 4u64;
+    let rounds = 300u64;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for r in 0..rounds {
+                    // Disjoint: LPNs 1000 * (t + 1) + x, last round wins. Shared: LPNs 0..16.
+                    let own = 1000 * (t + 1) + r % 50;
+                    store
+                        .write(own, &page((r % 5) as u8, t * 1_000_000 + r, 4096))
+                        .unwrap();
+                    let shared = r % 16;
+                    store
+                        .write(shared, &page(2, t * 1_000_000 + r, 4096))
+                        .unwrap();
+                    if r % 7 == 0 {
+                        let lpns: Vec<u64> = (0..8).map(|i| 1000 * (t + 1) + 60 + i).collect();
+                        let data: Vec<u8> =
+                            (0..8).flat_map(|i| page(2, t + r * 8 + i, 4096)).collect();
+                        store.write_batch(&lpns, &data).unwrap();
+                    }
+                    if r % 11 == 0 {
+                        store.compact();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let mut buf = vec![0u8; 4096];
+    for t in 0..threads {
+        for x in 0..50u64 {
+            let last = (0..rounds).filter(|r| r % 50 == x).max().unwrap();
+            store.read(1000 * (t + 1) + x, &mut buf).unwrap();
+            assert_eq!(buf, page((last % 5) as u8, t * 1_000_000 + last, 4096));
+        }
+    }
+    for shared in 0..16u64 {
+        store.read(shared, &mut buf).unwrap();
+        let candidates: Vec<Vec<u8>> = (0..threads)
+            .flat_map(|t| {
+                (0..rounds)
+                    .filter(move |r| r % 16 == shared)
+                    .map(move |r| page(2, t * 1_000_000 + r, 4096))
+            })
+            .collect();
+        assert!(
+            candidates.contains(&buf),
+            "lpn {shared} holds a page nobody wrote whole"
+        );
+    }
+    store.check();
+}
+
+#[test]
+fn corruption_is_detected_and_named() {
+    let store = PageStore::new(StoreConfig::new(4096, Codec::Lz4)).unwrap();
+    store.write(7, &page(2, 1, 4096)).unwrap();
+    store.write(8, &page(3, 1, 4096)).unwrap(); // random: stored raw
+    assert!(store.corrupt_for_test(7));
+    assert!(store.corrupt_for_test(8));
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(store.read(7, &mut buf), Err(StoreError::Corrupt { lpn: 7 }));
+    assert_eq!(store.read(8, &mut buf), Err(StoreError::Corrupt { lpn: 8 }));
+    assert!(StoreError::Corrupt { lpn: 7 }.to_string().contains("lpn 7"));
+}
+
+#[test]
+fn kinds_of_pages_are_counted_as_zram_counts_them() {
+    let store = PageStore::new(StoreConfig::new(4096, Codec::Lz4)).unwrap();
+    store.write(0, &page(0, 0, 4096)).unwrap();
+    store.write(1, &page(1, 5, 4096)).unwrap();
+    store.write(2, &page(3, 5, 4096)).unwrap();
+    store.write(3, &page(2, 5, 4096)).unwrap();
+    let s = store.stats();
+    assert_eq!((s.same_pages, s.huge_pages, s.pages_stored), (2, 1, 4));
+    assert_eq!(s.orig_data_size, 4 * 4096);
+    assert!(s.compr_data_size > 4096 && s.compr_data_size < 2 * 4096);
+    assert!(s.mem_used_total >= s.compr_data_size);
+    assert!(PageStore::new(StoreConfig::new(5000, Codec::Lz4)).is_err());
+    let mut bad = StoreConfig::new(4096, Codec::Lz4);
+    bad.shards = 3;
+    assert!(PageStore::new(bad).is_err());
+    assert!(matches!(
+        store.write(1, &[0u8; 100]),
+        Err(StoreError::BadLength { .. })
+    ));
+}
+
+#[test]
+fn a_dictionary_helps_small_pages_of_similar_text() {
+    let store = PageStore::new(StoreConfig::new(4096, Codec::ZstdDict { level: 3 })).unwrap();
+    let pages: Vec<Vec<u8>> = (0..2000).map(|i| page(2, i, 4096)).collect();
+    for (i, p) in pages.iter().enumerate() {
+        store.write(i as u64, p).unwrap();
+    }
+    let without = store.stats().compr_data_size;
+    store.train_dictionary().unwrap();
+    for (i, p) in pages.iter().enumerate() {
+        store.write(i as u64, p).unwrap();
+    }
+    let with = store.stats().compr_data_size;
+    assert!(with < without, "dictionary {with} vs plain {without}");
+    let mut buf = vec![0u8; 4096];
+    store.read(1234, &mut buf).unwrap();
+    assert_eq!(buf, pages[1234]);
+}
