@@ -10,9 +10,15 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Which benchmarks: steady (4 and 64 GiB steady-state random writes), replay (DiskSim
-    /// trace replay), or all.
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay"])]
+    /// trace replay), all (both), or store (the compressed page store, separately).
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "store"])]
     which: String,
+    /// store: write the headline figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// store: pages of real files taken from each of /usr/lib, /usr/share/doc, /usr/bin.
+    #[arg(long, default_value_t = 40_000)]
+    corpus_pages_per_dir: usize,
     /// Skip the 64 GiB device (it needs about 2 GiB of RAM and a minute).
     #[arg(long)]
     quick: bool,
@@ -146,6 +152,9 @@ fn replay(args: &BenchArgs) -> Result<()> {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.which == "store" {
+        return crate::bench_store::run(args.json.as_deref(), args.corpus_pages_per_dir, machine());
+    }
     println!("ftlab bench on {}", machine());
     println!("| benchmark | result | check | baseline | ratio |");
     println!("|---|---|---|---|---|");

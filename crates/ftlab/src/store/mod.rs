@@ -16,6 +16,7 @@ pub mod slab;
 
 use codec::{Codec, Dictionary, Encoding};
 use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use slab::{Handle, SlabAllocator};
 use std::cell::RefCell;
@@ -37,6 +38,10 @@ pub struct StoreConfig {
     pub dictionary_bytes: usize,
     /// Pages sampled to train a dictionary.
     pub dictionary_sample_pages: usize,
+    /// Compact a shard by itself when its slabs exceed its compressed bytes by more than this
+    /// fraction (checked every 1024 frees; zram leaves this to a user-space daemon writing to
+    /// its `compact` attribute). None = only on `compact()`.
+    pub auto_compact_above: Option<f64>,
 }
 
 impl StoreConfig {
@@ -44,11 +49,12 @@ impl StoreConfig {
         Self {
             page_bytes,
             codec,
-            shards: 16,
+            shards: 8,
             // zram's huge class for 4 KiB pages is 3264 bytes: about 4/5 of a page.
             huge_bytes: page_bytes * 4 / 5,
             dictionary_bytes: 64 << 10,
             dictionary_sample_pages: 8192,
+            auto_compact_above: Some(0.05),
         }
     }
 }
@@ -61,6 +67,8 @@ pub enum StoreError {
     Codec { lpn: u64, reason: String },
     #[error("buffer of {got} bytes where whole pages of {page_bytes} bytes were expected")]
     BadLength { got: usize, page_bytes: usize },
+    #[error("lpn {lpn} is beyond the store's 2^63 keys")]
+    LpnOutOfRange { lpn: u64 },
     #[error("invalid store configuration: {0}")]
     Config(String),
     #[error("dictionary training failed: {0}")]
@@ -82,42 +90,108 @@ pub struct StoreStats {
     pub pages_stored: u64,
 }
 
+/// One stored page, packed into 24 bytes (key + value = 32 bytes a bucket).
 #[derive(Clone, Copy, Debug)]
-enum Body {
-    Same(u64),
-    Stored {
-        handle: Handle,
-        len: u32,
-        encoding: Option<Encoding>,
-        checksum: u64,
-    },
+struct Body {
+    /// Same-filled: the word. Otherwise the xxh3 of the stored bytes, seeded with the LPN.
+    word_or_checksum: u64,
+    slab: u32,
+    /// zstd dictionary id (Kind::ZstdDict only).
+    dictionary: u32,
+    object: u16,
+    class: u16,
+    len: u16,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Same,
+    /// Stored uncompressed (zram's "huge" page).
+    Raw,
+    Lz4,
+    Zstd,
+    ZstdDict,
+}
+
+impl Body {
+    fn handle(&self) -> Handle {
+        Handle {
+            class: self.class,
+            object: self.object,
+            slab: self.slab,
+        }
+    }
+
+    fn encoding(&self) -> Option<Encoding> {
+        match self.kind {
+            Kind::Lz4 => Some(Encoding::Lz4),
+            Kind::Zstd => Some(Encoding::Zstd),
+            Kind::ZstdDict => Some(Encoding::ZstdDict(self.dictionary)),
+            Kind::Same | Kind::Raw => None,
+        }
+    }
 }
 
 struct Shard {
-    entries: HashMap<u64, Body>,
+    /// FxHash: LPN keys are not attacker-chosen hash-flooding material, and SipHash would cost
+    /// a noticeable share of a page read.
+    entries: FxHashMap<u64, Body>,
     slabs: SlabAllocator,
     compr_bytes: u64,
     same_pages: u64,
     huge_pages: u64,
+    frees_since_check: u32,
+    auto_compact_above: Option<f64>,
 }
 
 impl Shard {
+    /// Every 1024 frees, compacts when the slabs hold too much beyond the compressed bytes: one
+    /// slab per size class always stays part-filled, so that much is allowed on top.
+    fn maybe_compact(&mut self) {
+        self.frees_since_check += 1;
+        if self.frees_since_check < 1024 {
+            return;
+        }
+        self.frees_since_check = 0;
+        let Some(limit) = self.auto_compact_above else {
+            return;
+        };
+        let allowed = self.compr_bytes as f64 * (1.0 + limit) + self.slabs.tail_allowance() as f64;
+        if self.slabs.bytes() as f64 > allowed {
+            self.compact();
+        }
+    }
+
+    fn compact(&mut self) -> usize {
+        let Shard { entries, slabs, .. } = self;
+        slabs.compact(|lpn, handle| {
+            if let Some(body) = entries.get_mut(&lpn) {
+                body.slab = handle.slab;
+                body.object = handle.object;
+            }
+        })
+    }
+
     fn remove(&mut self, lpn: u64) {
-        match self.entries.remove(&lpn) {
-            Some(Body::Same(_)) => self.same_pages -= 1,
-            Some(Body::Stored {
-                handle,
-                len,
-                encoding,
-                ..
-            }) => {
-                self.slabs.free(handle);
-                self.compr_bytes -= u64::from(len);
-                if encoding.is_none() {
+        // A table emptied by trims gives its memory back (amortised: only when a quarter full).
+        if self.entries.capacity() > 1024 && self.entries.len() * 4 < self.entries.capacity() {
+            self.entries.shrink_to(self.entries.len() * 2);
+        }
+        let Some(body) = self.entries.remove(&lpn) else {
+            return;
+        };
+        match body.kind {
+            Kind::Same => self.same_pages -= 1,
+            kind => {
+                self.slabs.free(body.handle());
+                self.compr_bytes -= u64::from(body.len);
+                if kind == Kind::Raw {
                     self.huge_pages -= 1;
                 }
+                self.maybe_compact();
             }
-            None => {}
         }
     }
 
@@ -126,20 +200,41 @@ impl Shard {
         let body = match page {
             Prepared::Same(word) => {
                 self.same_pages += 1;
-                Body::Same(*word)
+                Body {
+                    word_or_checksum: *word,
+                    slab: 0,
+                    dictionary: 0,
+                    object: 0,
+                    class: 0,
+                    len: 0,
+                    kind: Kind::Same,
+                }
             }
-            Prepared::Stored { bytes, encoding } => {
+            Prepared::Stored {
+                bytes,
+                encoding,
+                checksum,
+            } => {
                 let handle = self.slabs.alloc(bytes.len(), lpn);
                 self.slabs.slot_mut(handle)[..bytes.len()].copy_from_slice(bytes);
                 self.compr_bytes += bytes.len() as u64;
-                if encoding.is_none() {
-                    self.huge_pages += 1;
-                }
-                Body::Stored {
-                    handle,
-                    len: bytes.len() as u32,
-                    encoding: *encoding,
-                    checksum: xxh3_64_with_seed(bytes, lpn),
+                let (kind, dictionary) = match encoding {
+                    None => {
+                        self.huge_pages += 1;
+                        (Kind::Raw, 0)
+                    }
+                    Some(Encoding::Lz4) => (Kind::Lz4, 0),
+                    Some(Encoding::Zstd) => (Kind::Zstd, 0),
+                    Some(Encoding::ZstdDict(id)) => (Kind::ZstdDict, *id),
+                };
+                Body {
+                    word_or_checksum: *checksum,
+                    slab: handle.slab,
+                    dictionary,
+                    object: handle.object,
+                    class: handle.class,
+                    len: bytes.len() as u16,
+                    kind,
                 }
             }
         };
@@ -147,13 +242,14 @@ impl Shard {
     }
 }
 
-/// A page ready to insert: compressed outside the lock.
+/// A page ready to insert: compressed and checksummed outside the lock.
 enum Prepared {
     Same(u64),
     Stored {
         bytes: Vec<u8>,
         /// None = raw (huge).
         encoding: Option<Encoding>,
+        checksum: u64,
     },
 }
 
@@ -197,11 +293,13 @@ impl PageStore {
         let shards = (0..config.shards)
             .map(|_| {
                 Mutex::new(Shard {
-                    entries: HashMap::new(),
+                    entries: FxHashMap::default(),
                     slabs: SlabAllocator::new(config.page_bytes),
                     compr_bytes: 0,
                     same_pages: 0,
                     huge_pages: 0,
+                    frees_since_check: 0,
+                    auto_compact_above: config.auto_compact_above,
                 })
             })
             .collect();
@@ -240,6 +338,9 @@ impl PageStore {
     }
 
     fn prepare(&self, lpn: u64, page: &[u8]) -> Result<Prepared, StoreError> {
+        if lpn >= 1 << 63 {
+            return Err(StoreError::LpnOutOfRange { lpn });
+        }
         if let Some(word) = same_fill::same_filled(page) {
             return Ok(Prepared::Same(word));
         }
@@ -255,16 +356,15 @@ impl PageStore {
             let mut out = scratch.borrow_mut();
             let encoding = codec::compress(self.config.codec, dictionary.as_ref(), page, &mut out)
                 .map_err(|reason| StoreError::Codec { lpn, reason })?;
-            Ok(if out.len() >= self.config.huge_bytes {
-                Prepared::Stored {
-                    bytes: page.to_vec(),
-                    encoding: None,
-                }
+            let (bytes, encoding) = if out.len() >= self.config.huge_bytes {
+                (page.to_vec(), None)
             } else {
-                Prepared::Stored {
-                    bytes: out.clone(),
-                    encoding: Some(encoding),
-                }
+                (out.clone(), Some(encoding))
+            };
+            Ok(Prepared::Stored {
+                checksum: xxh3_64_with_seed(&bytes, lpn),
+                bytes,
+                encoding,
             })
         })
     }
@@ -292,16 +392,30 @@ impl PageStore {
                 page_bytes: self.config.page_bytes,
             });
         }
-        let prepared: Vec<Prepared> = pages
-            .par_chunks(self.config.page_bytes)
-            .zip(lpns.par_iter())
-            .map(|(page, &lpn)| self.prepare(lpn, page))
-            .collect::<Result<_, _>>()?;
-        // Insert in batch order, so duplicates resolve to the last one.
-        for (&lpn, p) in lpns.iter().zip(&prepared) {
-            self.shard(lpn).insert(lpn, p);
+        // Pages are grouped by shard; shards run in parallel, each compressing its pages in
+        // batch order and inserting each right away (its compressed bytes still in cache). Per
+        // LPN the order is the batch's, so a duplicate resolves to its last copy.
+        let mut by_shard: Vec<Vec<u32>> = vec![Vec::new(); self.shards.len()];
+        for (i, &lpn) in lpns.iter().enumerate() {
+            by_shard[(lpn & self.shard_mask) as usize].push(i as u32);
         }
-        Ok(())
+        let page_bytes = self.config.page_bytes;
+        by_shard
+            .par_iter()
+            .enumerate()
+            .filter(|(_, indices)| !indices.is_empty())
+            .try_for_each(|(shard, indices)| {
+                for &i in indices {
+                    let i = i as usize;
+                    let page = &pages[i * page_bytes..(i + 1) * page_bytes];
+                    let prepared = self.prepare(lpns[i], page)?;
+                    self.shards[shard]
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .insert(lpns[i], &prepared);
+                }
+                Ok(())
+            })
     }
 
     /// Reads one page into `out`; never-written and trimmed pages read as zeros.
@@ -313,33 +427,30 @@ impl PageStore {
             });
         }
         let shard = self.shard(lpn);
-        match shard.entries.get(&lpn) {
-            None => out.fill(0),
-            Some(Body::Same(word)) => same_fill::fill(out, *word),
-            Some(&Body::Stored {
-                handle,
-                len,
-                encoding,
-                checksum,
-            }) => {
-                let stored = &shard.slabs.slot(handle)[..len as usize];
-                if xxh3_64_with_seed(stored, lpn) != checksum {
-                    return Err(StoreError::Corrupt { lpn });
-                }
-                match encoding {
-                    None => out.copy_from_slice(stored),
-                    Some(encoding) => {
-                        let lookup = |id: u32| {
-                            self.dictionaries
-                                .read()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .get(&id)
-                                .cloned()
-                        };
-                        codec::decompress(encoding, &lookup, stored, out)
-                            .map_err(|reason| StoreError::Codec { lpn, reason })?;
-                    }
-                }
+        let Some(body) = shard.entries.get(&lpn) else {
+            out.fill(0);
+            return Ok(());
+        };
+        if body.kind == Kind::Same {
+            same_fill::fill(out, body.word_or_checksum);
+            return Ok(());
+        }
+        let stored = &shard.slabs.slot(body.handle())[..usize::from(body.len)];
+        if xxh3_64_with_seed(stored, lpn) != body.word_or_checksum {
+            return Err(StoreError::Corrupt { lpn });
+        }
+        match body.encoding() {
+            None => out.copy_from_slice(stored),
+            Some(encoding) => {
+                let lookup = |id: u32| {
+                    self.dictionaries
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&id)
+                        .cloned()
+                };
+                codec::decompress(encoding, &lookup, stored, out)
+                    .map_err(|reason| StoreError::Codec { lpn, reason })?;
             }
         }
         Ok(())
@@ -379,17 +490,29 @@ impl PageStore {
         s
     }
 
+    /// Heap bytes of bookkeeping beside the slabs: the per-shard page tables (hashbrown: key,
+    /// value and one control byte per bucket) and the allocators' slab lists.
+    pub fn metadata_bytes(&self) -> u64 {
+        let bucket = std::mem::size_of::<(u64, Body)>() + 1;
+        self.shards
+            .iter()
+            .map(|shard| {
+                let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+                let buckets = if shard.entries.capacity() == 0 {
+                    0
+                } else {
+                    (shard.entries.capacity() * 8 / 7).next_power_of_two()
+                };
+                (buckets * bucket + shard.slabs.bookkeeping_bytes()) as u64
+            })
+            .sum()
+    }
+
     /// Packs each size class's objects into fewer slabs; returns the bytes freed.
     pub fn compact(&self) -> u64 {
         let mut freed = 0;
         for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            let Shard { entries, slabs, .. } = &mut *shard;
-            freed += slabs.compact(|lpn, handle| {
-                if let Some(Body::Stored { handle: h, .. }) = entries.get_mut(&lpn) {
-                    *h = handle;
-                }
-            }) as u64;
+            freed += shard.lock().unwrap_or_else(|p| p.into_inner()).compact() as u64;
         }
         freed
     }
@@ -406,7 +529,7 @@ impl PageStore {
                 shard
                     .entries
                     .iter()
-                    .filter(|(_, b)| matches!(b, Body::Stored { .. }))
+                    .filter(|(_, b)| b.kind != Kind::Same)
                     .map(|(&lpn, _)| lpn),
             );
         }
@@ -444,12 +567,8 @@ impl PageStore {
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             for body in shard.entries.values() {
-                if let Body::Stored {
-                    encoding: Some(Encoding::ZstdDict(id)),
-                    ..
-                } = body
-                {
-                    used.insert(*id);
+                if body.kind == Kind::ZstdDict {
+                    used.insert(body.dictionary);
                 }
             }
         }
@@ -470,10 +589,13 @@ impl PageStore {
     #[doc(hidden)]
     pub fn corrupt_for_test(&self, lpn: u64) -> bool {
         let mut shard = self.shard(lpn);
-        let Some(&Body::Stored { handle, .. }) = shard.entries.get(&lpn) else {
+        let Some(body) = shard.entries.get(&lpn).copied() else {
             return false;
         };
-        shard.slabs.slot_mut(handle)[0] ^= 1;
+        if body.kind == Kind::Same {
+            return false;
+        }
+        shard.slabs.slot_mut(body.handle())[0] ^= 1;
         true
     }
 
@@ -483,14 +605,7 @@ impl PageStore {
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             shard.slabs.check();
-            let stored: u64 = shard
-                .entries
-                .values()
-                .map(|b| match b {
-                    Body::Stored { len, .. } => u64::from(*len),
-                    Body::Same(_) => 0,
-                })
-                .sum();
+            let stored: u64 = shard.entries.values().map(|b| u64::from(b.len)).sum();
             assert_eq!(stored, shard.compr_bytes);
         }
     }

@@ -1,8 +1,8 @@
 //! A size-class slab allocator for compressed pages, in the manner of Linux's zsmalloc.
 //!
-//! Objects are rounded up to a class (every `page_size / 256` bytes, as zsmalloc's
-//! `ZS_SIZE_CLASS_DELTA`), and each class carves slabs of 1 to 4 pages (the count that wastes
-//! least, as zsmalloc sizes its zspages) into equal slots. An emptied slab is returned to the
+//! Objects are rounded up to a class (every `page_size / 128` bytes; zsmalloc's
+//! `ZS_SIZE_CLASS_DELTA` is `page_size / 256`), and each class carves slabs of 1 to 4 pages (the fewest that waste
+//! under 2 %, as zsmalloc sizes its zspages) into equal slots. An emptied slab is returned to the
 //! system at once; `compact` moves objects out of sparse slabs into fuller ones of the same class
 //! and frees the emptied slabs. `bytes()` is the memory the slabs hold: zram's `mem_used_total`.
 //!
@@ -17,18 +17,60 @@ pub struct Handle {
     pub slab: u32,
 }
 
-const FREE: u64 = u64::MAX;
+/// An `owner` entry with this bit set is a free slot; its low 16 bits link to the next free one.
+const FREE: u64 = 1 << 63;
+const NO_FREE: u16 = u16::MAX;
 const MAX_OBJECT_BYTES: usize = 16384;
 
+/// 40 bytes of bookkeeping per slab: with large objects a slab often holds one page.
 #[derive(Debug)]
 struct Slab {
     memory: Option<Box<[u8]>>,
-    free: Vec<u16>,
-    /// The key (LPN) of each object, FREE where the slot is empty: compaction needs it to tell
-    /// the owner where its object moved.
-    owner: Vec<u64>,
+    /// The key (LPN) of each object, so compaction can tell the owner where its object moved;
+    /// a free slot holds FREE | next free slot (a free list threaded through the array).
+    owner: Box<[u64]>,
+    free_head: u16,
     live: u16,
     in_partial: bool,
+}
+
+impl Slab {
+    fn new(slab_bytes: usize, objects: u16) -> Self {
+        Slab {
+            memory: Some(vec![0u8; slab_bytes].into_boxed_slice()),
+            owner: (0..objects)
+                .map(|i| FREE | u64::from(if i + 1 == objects { NO_FREE } else { i + 1 }))
+                .collect(),
+            free_head: 0,
+            live: 0,
+            in_partial: true,
+        }
+    }
+
+    fn has_free(&self) -> bool {
+        self.free_head != NO_FREE
+    }
+
+    fn take_free(&mut self, owner: u64) -> u16 {
+        let object = self.free_head;
+        debug_assert_ne!(object, NO_FREE);
+        self.free_head = (self.owner[object as usize] & 0xFFFF) as u16;
+        self.owner[object as usize] = owner;
+        self.live += 1;
+        object
+    }
+
+    fn give_back(&mut self, object: u16) {
+        self.owner[object as usize] = FREE | u64::from(self.free_head);
+        self.free_head = object;
+        self.live -= 1;
+    }
+
+    fn release(&mut self) {
+        self.memory = None;
+        self.owner = Box::new([]);
+        self.free_head = NO_FREE;
+    }
 }
 
 #[derive(Debug)]
@@ -37,9 +79,24 @@ struct Class {
     objects_per_slab: u16,
     slab_bytes: u32,
     slabs: Vec<Slab>,
+    /// Slabs holding memory; at zero the class drops its bookkeeping too.
+    live_slabs: u32,
     released: Vec<u32>,
     /// Slabs with free slots (possibly stale entries: checked when popped).
     partial: Vec<u32>,
+}
+
+impl Class {
+    /// One slab gave its memory back; with none left, the bookkeeping goes too, so an emptied
+    /// store holds nothing.
+    fn release_one(&mut self) {
+        self.live_slabs -= 1;
+        if self.live_slabs == 0 {
+            self.slabs = Vec::new();
+            self.released = Vec::new();
+            self.partial = Vec::new();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -55,23 +112,26 @@ pub struct SlabAllocator {
 impl SlabAllocator {
     pub fn new(page_bytes: usize) -> Self {
         assert!(page_bytes <= MAX_OBJECT_BYTES, "pages up to 16 KiB");
-        let class_delta = (page_bytes / 256).max(8);
+        // Twice zsmalloc's granularity: half as many classes means half as many part-filled
+        // slabs per shard, for about 8 more bytes of rounding per object.
+        let class_delta = (page_bytes / 128).max(8);
         let classes = (1..=page_bytes / class_delta)
             .map(|i| {
                 let object_bytes = i * class_delta;
-                // 1..=4 pages per slab, whichever leaves the smallest unusable tail.
+                // The fewest pages (up to 4, as zsmalloc) whose unusable tail is under 2 %, else
+                // the least waste. Bigger slabs pack some sizes better but leave a bigger
+                // half-empty slab per class and shard.
+                let waste = |p: usize| (p * page_bytes % object_bytes) * 1000 / (p * page_bytes);
                 let pages = (1..=4)
-                    .min_by_key(|&p| {
-                        let slab = p * page_bytes;
-                        (slab % object_bytes) * 1000 / slab
-                    })
-                    .expect("four candidates");
+                    .find(|&p| waste(p) < 20)
+                    .unwrap_or_else(|| (1..=4).min_by_key(|&p| waste(p)).expect("candidates"));
                 let slab_bytes = pages * page_bytes;
                 Class {
                     object_bytes: object_bytes as u32,
                     objects_per_slab: (slab_bytes / object_bytes) as u16,
                     slab_bytes: slab_bytes as u32,
                     slabs: Vec::new(),
+                    live_slabs: 0,
                     released: Vec::new(),
                     partial: Vec::new(),
                 }
@@ -105,30 +165,25 @@ impl SlabAllocator {
         self.classes[class].object_bytes as usize
     }
 
-    /// A slot for `len` bytes owned by `owner`.
+    /// A slot for `len` bytes owned by `owner` (< 2^63).
     pub fn alloc(&mut self, len: usize, owner: u64) -> Handle {
+        assert_eq!(owner & FREE, 0, "owner keys are below 2^63");
         let class_index = self.class_of(len);
         let class = &mut self.classes[class_index];
         let slab_index = loop {
             match class.partial.last().copied() {
                 Some(s) => {
                     let slab = &mut class.slabs[s as usize];
-                    if slab.memory.is_some() && !slab.free.is_empty() {
+                    if slab.memory.is_some() && slab.has_free() {
                         break s;
                     }
                     slab.in_partial = false;
                     class.partial.pop();
                 }
                 None => {
-                    let n = class.objects_per_slab;
-                    let slab = Slab {
-                        memory: Some(vec![0u8; class.slab_bytes as usize].into_boxed_slice()),
-                        free: (0..n).rev().collect(),
-                        owner: vec![FREE; n as usize],
-                        live: 0,
-                        in_partial: true,
-                    };
+                    let slab = Slab::new(class.slab_bytes as usize, class.objects_per_slab);
                     self.bytes += class.slab_bytes as usize;
+                    class.live_slabs += 1;
                     let s = match class.released.pop() {
                         Some(s) => {
                             class.slabs[s as usize] = slab;
@@ -144,10 +199,7 @@ impl SlabAllocator {
                 }
             }
         };
-        let slab = &mut class.slabs[slab_index as usize];
-        let object = slab.free.pop().expect("partial slab has a free slot");
-        slab.live += 1;
-        slab.owner[object as usize] = owner;
+        let object = class.slabs[slab_index as usize].take_free(owner);
         Handle {
             class: class_index as u16,
             object,
@@ -179,17 +231,18 @@ impl SlabAllocator {
     pub fn free(&mut self, h: Handle) {
         let class = &mut self.classes[h.class as usize];
         let slab = &mut class.slabs[h.slab as usize];
-        assert_ne!(slab.owner[h.object as usize], FREE, "double free of {h:?}");
-        slab.owner[h.object as usize] = FREE;
-        slab.free.push(h.object);
-        slab.live -= 1;
+        assert_eq!(
+            slab.owner[h.object as usize] & FREE,
+            0,
+            "double free of {h:?}"
+        );
+        slab.give_back(h.object);
         if slab.live == 0 {
             // Return the memory now; the slab id is reused by the next new slab.
-            slab.memory = None;
-            slab.free = Vec::new();
-            slab.owner = Vec::new();
+            slab.release();
             self.bytes -= class.slab_bytes as usize;
             class.released.push(h.slab);
+            class.release_one();
         } else if !slab.in_partial {
             slab.in_partial = true;
             class.partial.push(h.slab);
@@ -206,7 +259,7 @@ impl SlabAllocator {
             let mut candidates: Vec<u32> = (0..class.slabs.len() as u32)
                 .filter(|&s| {
                     let slab = &class.slabs[s as usize];
-                    slab.memory.is_some() && !slab.free.is_empty()
+                    slab.memory.is_some() && slab.has_free()
                 })
                 .collect();
             if candidates.len() < 2 {
@@ -218,18 +271,16 @@ impl SlabAllocator {
             let (mut dst_i, mut src_i) = (0, candidates.len() - 1);
             while dst_i < src_i {
                 let (dst, src) = (candidates[dst_i] as usize, candidates[src_i] as usize);
-                if class.slabs[dst].free.is_empty() {
+                if !class.slabs[dst].has_free() {
                     dst_i += 1;
                     continue;
                 }
-                let Some(from) = (0..class.objects_per_slab as usize)
-                    .find(|&o| class.slabs[src].owner[o] != FREE)
-                else {
+                let Some(from) = class.slabs[src].owner.iter().position(|&o| o & FREE == 0) else {
                     src_i -= 1;
                     continue;
                 };
-                let to = class.slabs[dst].free.pop().expect("checked non-empty");
                 let owner = class.slabs[src].owner[from];
+                let to = class.slabs[dst].take_free(owner);
                 let mut buf = [0u8; MAX_OBJECT_BYTES];
                 let bytes = &mut buf[..size];
                 bytes.copy_from_slice(
@@ -239,11 +290,7 @@ impl SlabAllocator {
                 class.slabs[dst].memory.as_deref_mut().expect("live")
                     [to as usize * size..(to as usize + 1) * size]
                     .copy_from_slice(bytes);
-                class.slabs[dst].owner[to as usize] = owner;
-                class.slabs[dst].live += 1;
-                class.slabs[src].owner[from] = FREE;
-                class.slabs[src].free.push(from as u16);
-                class.slabs[src].live -= 1;
+                class.slabs[src].give_back(from as u16);
                 moved(
                     owner,
                     Handle {
@@ -253,19 +300,17 @@ impl SlabAllocator {
                     },
                 );
                 if class.slabs[src].live == 0 {
-                    let slab = &mut class.slabs[src];
-                    slab.memory = None;
-                    slab.free = Vec::new();
-                    slab.owner = Vec::new();
+                    class.slabs[src].release();
                     self.bytes -= class.slab_bytes as usize;
                     class.released.push(src as u32);
+                    class.live_slabs -= 1;
                     src_i -= 1;
                 }
             }
             // Rebuild the partial list from what is left.
             class.partial.clear();
             for (s, slab) in class.slabs.iter_mut().enumerate() {
-                slab.in_partial = slab.memory.is_some() && !slab.free.is_empty();
+                slab.in_partial = slab.memory.is_some() && slab.has_free();
                 if slab.in_partial {
                     class.partial.push(s as u32);
                 }
@@ -276,6 +321,29 @@ impl SlabAllocator {
         released
     }
 
+    /// Bytes that part-filled slabs may hold without being fragmentation: half a slab for each
+    /// class in use.
+    pub fn tail_allowance(&self) -> usize {
+        self.classes
+            .iter()
+            .filter(|c| c.live_slabs > 0)
+            .map(|c| c.slab_bytes as usize / 2)
+            .sum()
+    }
+
+    /// Heap bytes of the allocator's own bookkeeping (not the slabs).
+    pub fn bookkeeping_bytes(&self) -> usize {
+        let mut b = self.classes.capacity() * std::mem::size_of::<Class>();
+        for c in &self.classes {
+            b += c.slabs.capacity() * std::mem::size_of::<Slab>()
+                + (c.released.capacity() + c.partial.capacity()) * 4;
+            for s in &c.slabs {
+                b += s.owner.len() * 8;
+            }
+        }
+        b
+    }
+
     /// Checks the counts; for tests.
     pub fn check(&self) {
         let mut bytes = 0;
@@ -283,9 +351,20 @@ impl SlabAllocator {
             for slab in &class.slabs {
                 if let Some(m) = &slab.memory {
                     bytes += m.len();
-                    let live = slab.owner.iter().filter(|&&o| o != FREE).count();
+                    let live = slab.owner.iter().filter(|&&o| o & FREE == 0).count();
                     assert_eq!(live, slab.live as usize);
-                    assert_eq!(live + slab.free.len(), class.objects_per_slab as usize);
+                    let mut free = 0;
+                    let mut at = slab.free_head;
+                    while at != NO_FREE {
+                        assert_ne!(
+                            slab.owner[at as usize] & FREE,
+                            0,
+                            "free list reaches a live slot"
+                        );
+                        free += 1;
+                        at = (slab.owner[at as usize] & 0xFFFF) as u16;
+                    }
+                    assert_eq!(live + free, class.objects_per_slab as usize);
                 }
             }
         }
