@@ -85,27 +85,33 @@ thread_local! {
     });
 }
 
-/// Compresses `page` into `out` (cleared first). Returns the encoding used.
+/// Compresses `page` into the front of `out`, which is grown (never shrunk, so a reused buffer
+/// is not cleared page after page). Returns the encoding and the compressed length.
 pub fn compress(
     codec: Codec,
     dictionary: Option<&Arc<Dictionary>>,
     page: &[u8],
     out: &mut Vec<u8>,
-) -> Result<Encoding, String> {
-    out.clear();
+) -> Result<(Encoding, usize), String> {
     match codec {
         Codec::Lz4 => {
-            out.resize(lz4_flex::block::get_maximum_output_size(page.len()), 0);
-            let n = lz4_flex::block::compress_into(page, out).map_err(|e| e.to_string())?;
-            out.truncate(n);
-            Ok(Encoding::Lz4)
+            let bound = lz4_flex::block::get_maximum_output_size(page.len());
+            if out.len() < bound {
+                out.resize(bound, 0);
+            }
+            let n = lz4_flex::block::compress_into(page, &mut out[..bound])
+                .map_err(|e| e.to_string())?;
+            Ok((Encoding::Lz4, n))
         }
         Codec::Zstd { level } | Codec::ZstdDict { level } => {
             let dict = match codec {
                 Codec::ZstdDict { .. } => dictionary,
                 _ => None,
             };
-            out.resize(zstd::zstd_safe::compress_bound(page.len()), 0);
+            let bound = zstd::zstd_safe::compress_bound(page.len());
+            if out.len() < bound {
+                out.resize(bound, 0);
+            }
             let n = CODECS.with(|c| -> Result<usize, String> {
                 let mut c = c.borrow_mut();
                 let compressor = match dict {
@@ -130,14 +136,14 @@ pub fn compress(
                     }
                 };
                 compressor
-                    .compress_to_buffer(page, &mut out[..])
+                    .compress_to_buffer(page, &mut out[..bound])
                     .map_err(|e| e.to_string())
             })?;
-            out.truncate(n);
-            Ok(match dict {
+            let encoding = match dict {
                 Some(d) => Encoding::ZstdDict(d.id),
                 None => Encoding::Zstd,
-            })
+            };
+            Ok((encoding, n))
         }
     }
 }

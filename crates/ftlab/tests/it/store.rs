@@ -109,6 +109,8 @@ proptest! {
     ) {
         let mut config = StoreConfig::new(page_bytes, codec);
         config.shards = shards;
+        // Small dictionaries: these stores hold a few hundred pages.
+        config.dictionary_bytes = 16 << 10;
         let store = PageStore::new(config).unwrap();
         let mut oracle: HashMap<u64, Vec<u8>> = HashMap::new();
         let mut buf = vec![0u8; page_bytes];
@@ -266,7 +268,9 @@ fn kinds_of_pages_are_counted_as_zram_counts_them() {
 
 #[test]
 fn a_dictionary_helps_small_pages_of_similar_text() {
-    let store = PageStore::new(StoreConfig::new(4096, Codec::ZstdDict { level: 3 })).unwrap();
+    let mut config = StoreConfig::new(4096, Codec::ZstdDict { level: 3 });
+    config.dictionary_bytes = 64 << 10;
+    let store = PageStore::new(config).unwrap();
     let pages: Vec<Vec<u8>> = (0..2000).map(|i| page(2, i, 4096)).collect();
     for (i, p) in pages.iter().enumerate() {
         store.write(i as u64, p).unwrap();
