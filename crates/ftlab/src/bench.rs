@@ -16,9 +16,12 @@ pub struct BenchArgs {
     /// store: write the headline figures as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// store: pages of real files taken from each of /usr/lib, /usr/share/doc, /usr/bin.
+    /// store: pages of real files taken from each corpus directory.
     #[arg(long, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
+    /// store: corpus directories (comma-separated).
+    #[arg(long, default_value = "/usr/lib,/usr/share/doc,/usr/bin", value_delimiter = ',')]
+    dirs: Vec<String>,
     /// Skip the 64 GiB device (it needs about 2 GiB of RAM and a minute).
     #[arg(long)]
     quick: bool,
@@ -153,7 +156,13 @@ fn replay(args: &BenchArgs) -> Result<()> {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "store" {
-        return crate::bench_store::run(args.json.as_deref(), args.corpus_pages_per_dir, machine());
+        let dirs: Vec<&str> = args.dirs.iter().map(String::as_str).collect();
+        return crate::bench_store::run(
+            args.json.as_deref(),
+            &dirs,
+            args.corpus_pages_per_dir,
+            machine(),
+        );
     }
     println!("ftlab bench on {}", machine());
     println!("| benchmark | result | check | baseline | ratio |");

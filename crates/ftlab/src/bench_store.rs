@@ -414,9 +414,13 @@ fn kernel_zram(corpus: &Corpus) -> Result<KernelZram> {
     result
 }
 
-pub fn run(json: Option<&Path>, per_dir_pages: usize, machine: String) -> Result<()> {
-    let dirs = ["/usr/lib", "/usr/share/doc", "/usr/bin"];
-    let corpus = corpus(&dirs, per_dir_pages);
+pub fn run(
+    json: Option<&Path>,
+    dirs: &[&str],
+    per_dir_pages: usize,
+    machine: String,
+) -> Result<()> {
+    let corpus = corpus(dirs, per_dir_pages);
     println!("ftlab bench store on {machine}");
     print!("corpus: {} pages of 4 KiB =", corpus.pages());
     for (dir, files, pages) in &corpus.sources {
