@@ -20,7 +20,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
     /// store: corpus directories (comma-separated).
-    #[arg(long, default_value = "/usr/lib,/usr/share/doc,/usr/bin", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "/usr/lib,/usr/share/doc,/usr/bin",
+        value_delimiter = ','
+    )]
     dirs: Vec<String>,
     /// Skip the 64 GiB device (it needs about 2 GiB of RAM and a minute).
     #[arg(long)]

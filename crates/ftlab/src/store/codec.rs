@@ -172,6 +172,11 @@ pub fn decompress(
         })?,
         Encoding::ZstdDict(id) => CODECS.with(|c| -> Result<usize, String> {
             let mut c = c.borrow_mut();
+            // Keep a few dictionaries' contexts per thread, the newest: old pages are rarer.
+            if !c.unzstd_dict.contains_key(&id) && c.unzstd_dict.len() >= 4 {
+                let oldest = *c.unzstd_dict.keys().min().expect("non-empty");
+                c.unzstd_dict.remove(&oldest);
+            }
             let decompressor = match c.unzstd_dict.entry(id) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {

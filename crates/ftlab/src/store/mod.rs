@@ -392,7 +392,8 @@ impl PageStore {
     }
 
     /// Stores `pages` (concatenated) under `lpns`, compressing in parallel; within the batch the
-    /// last write to an LPN wins.
+    /// last write to an LPN wins. On an error, pages of the batch other than the failing one may
+    /// already be stored.
     pub fn write_batch(&self, lpns: &[u64], pages: &[u8]) -> Result<(), StoreError> {
         let n = self.check_pages(pages.len())?;
         if n != lpns.len() {
