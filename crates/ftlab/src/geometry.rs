@@ -33,6 +33,12 @@ pub struct Geometry {
     pub gc_background_free_superblocks: Option<u32>,
     /// Foreground GC while free superblocks <= this (`gc_thres_lines_high`); None = never.
     pub gc_foreground_free_superblocks: Option<u32>,
+    #[serde(skip)]
+    pub pps: Divisor,
+    #[serde(skip)]
+    groups: Divisor,
+    #[serde(skip)]
+    sb_dies: Divisor,
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -231,6 +237,9 @@ impl Geometry {
             free_superblocks_min: ftl.gc_free_superblocks_min,
             gc_background_free_superblocks: free_at(ftl.gc_thres_pcent),
             gc_foreground_free_superblocks: free_at(ftl.gc_thres_pcent_high),
+            pps: Divisor::new(pages_per_superblock as u32),
+            groups: Divisor::new(superblock_groups),
+            sb_dies: Divisor::new(superblock_dies),
         })
     }
 
@@ -249,16 +258,15 @@ impl Geometry {
 
     #[inline]
     pub fn superblock_of(&self, ppn: u32) -> u32 {
-        div(ppn, self.pages_per_superblock)
+        self.pps.quotient(ppn)
     }
 
     /// The die a physical page lives on.
     #[inline]
     pub fn die_of(&self, ppn: u32) -> u32 {
-        let superblock = div(ppn, self.pages_per_superblock);
+        let superblock = self.pps.quotient(ppn);
         let slot = ppn - superblock * self.pages_per_superblock;
-        rem(superblock, self.superblock_groups) * self.superblock_dies
-            + rem(slot, self.superblock_dies)
+        self.groups.remainder(superblock) * self.superblock_dies + self.sb_dies.remainder(slot)
     }
 
     /// The die of slot-0 .. slot-(superblock_dies-1) of a superblock: its first die.
@@ -278,23 +286,44 @@ impl Geometry {
     }
 }
 
-/// Division on the per-page path: geometry sizes are usually powers of two, and a shift costs a
-/// cycle where `div` costs dozens.
-#[inline(always)]
-pub(crate) fn div(n: u32, d: u32) -> u32 {
-    if d.is_power_of_two() {
-        n >> d.trailing_zeros()
-    } else {
-        n / d
-    }
+/// A divisor fixed at construction. Division is on the per-page path and geometry sizes are
+/// usually powers of two: then it is a shift and a mask, decided once instead of per call.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Divisor {
+    pub value: u32,
+    /// log2(value) when value is a power of two, else u32::MAX.
+    shift: u32,
 }
 
-#[inline(always)]
-pub(crate) fn rem(n: u32, d: u32) -> u32 {
-    if d.is_power_of_two() {
-        n & (d - 1)
-    } else {
-        n % d
+impl Divisor {
+    pub fn new(value: u32) -> Self {
+        assert!(value > 0);
+        Self {
+            value,
+            shift: if value.is_power_of_two() {
+                value.trailing_zeros()
+            } else {
+                u32::MAX
+            },
+        }
+    }
+
+    #[inline(always)]
+    pub fn quotient(self, n: u32) -> u32 {
+        if self.shift != u32::MAX {
+            n >> self.shift
+        } else {
+            n / self.value
+        }
+    }
+
+    #[inline(always)]
+    pub fn remainder(self, n: u32) -> u32 {
+        if self.shift != u32::MAX {
+            n & (self.value - 1)
+        } else {
+            n % self.value
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! bucketed by valid-page count (flat `next`/`prev` arrays, no allocation), and `min_bucket` never
 //! overshoots the emptiest non-empty bucket.
 
-use crate::geometry::{div, rem, Geometry};
+use crate::geometry::{Divisor, Geometry};
 use std::collections::VecDeque;
 
 pub const NONE: u32 = u32::MAX;
@@ -28,6 +28,7 @@ pub enum SuperblockState {
 #[derive(Clone, Debug)]
 pub struct BlockManager {
     pages_per_superblock: u32,
+    pps: Divisor,
     words_per_superblock: usize,
     state: Vec<SuperblockState>,
     stream: Vec<u8>,
@@ -48,6 +49,7 @@ impl BlockManager {
         let words = (pps as usize).div_ceil(64);
         Self {
             pages_per_superblock: pps,
+            pps: geometry.pps,
             words_per_superblock: words,
             state: vec![SuperblockState::Free; n],
             stream: vec![0; n],
@@ -114,8 +116,8 @@ impl BlockManager {
     #[inline]
     fn split(&self, ppn: u32) -> (usize, usize) {
         (
-            div(ppn, self.pages_per_superblock) as usize,
-            rem(ppn, self.pages_per_superblock) as usize,
+            self.pps.quotient(ppn) as usize,
+            self.pps.remainder(ppn) as usize,
         )
     }
 
