@@ -7,6 +7,7 @@ pub mod geometry;
 pub mod report;
 pub mod request;
 pub mod rng;
+pub mod server;
 pub mod sim;
 pub mod store;
 pub mod table;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 mod bench;
 mod bench_store;
 mod plot;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +50,8 @@ enum Command {
     },
     /// Measure simulator speed (simulated host page writes per wall second) and trace replay.
     Bench(bench::BenchArgs),
+    /// Serve the emulated SSD over NBD (fio, qemu, nbdfuse + ext4 ...), FTL model in the loop.
+    Serve(serve::ServeArgs),
     /// List the built-in presets.
     Presets,
     /// Print the fully resolved configuration as TOML (a starting point for --config files).
@@ -56,7 +59,7 @@ enum Command {
 }
 
 #[derive(Args, Clone)]
-struct ConfigArgs {
+pub struct ConfigArgs {
     /// Preset to start from: femu, hexa, validation-uniform.
     #[arg(long, default_value = DEFAULT_PRESET)]
     preset: String,
@@ -246,6 +249,7 @@ fn main() {
         Command::Sim(args) => run_sim(args),
         Command::Plot { report, out } => plot::run(&report, out.as_deref()),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Presets => {
             for p in PRESETS {
                 println!("{:<20} {}", p.name, p.summary);

@@ -1,0 +1,138 @@
+//! `ftlab serve`: listeners, one thread per connection, and a summary on SIGINT/SIGTERM.
+
+use anyhow::{Context, Result};
+use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab::store::codec::Codec;
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: crate::ConfigArgs,
+    /// TCP address to listen on (a non-loopback address only when given explicitly).
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    listen: String,
+    /// Also (or, with --no-tcp, only) listen on this Unix socket.
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// Do not listen on TCP.
+    #[arg(long)]
+    no_tcp: bool,
+    /// Export name clients ask for ("" is always accepted too).
+    #[arg(long, default_value = "ftlab")]
+    export_name: String,
+    /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL].
+    #[arg(long, default_value = "lz4")]
+    store: String,
+    /// Reply timing: none, real (hold replies until the simulated completion), scaled:FACTOR.
+    #[arg(long, default_value = "none")]
+    latency: String,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let config = crate::build_config(&args.config, &[], &[])?;
+    let codec = Codec::parse(&args.store).map_err(anyhow::Error::msg)?;
+    let latency = Latency::parse(&args.latency).map_err(anyhow::Error::msg)?;
+    let device = Arc::new(
+        Device::new(
+            &config,
+            DeviceOptions {
+                export_name: args.export_name.clone(),
+                latency,
+                codec,
+            },
+        )
+        .map_err(anyhow::Error::msg)?,
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let mut tcp = None;
+    if !args.no_tcp {
+        let l = TcpListener::bind(&args.listen)
+            .with_context(|| format!("listening on {}", args.listen))?;
+        l.set_nonblocking(true)?;
+        eprintln!(
+            "ftlab serve: export `{}` ({} bytes) on nbd://{}",
+            args.export_name,
+            device.size_bytes(),
+            args.listen
+        );
+        tcp = Some(l);
+    }
+    let mut unix = None;
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+        let l =
+            UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+        l.set_nonblocking(true)?;
+        eprintln!(
+            "ftlab serve: export `{}` on nbd+unix:///{}?socket={}",
+            args.export_name,
+            args.export_name,
+            path.display()
+        );
+        unix = Some(l);
+    }
+    anyhow::ensure!(
+        tcp.is_some() || unix.is_some(),
+        "no listener: give --unix or drop --no-tcp"
+    );
+    while !STOP.load(Ordering::SeqCst) {
+        let mut idle = true;
+        if let Some(l) = &tcp {
+            if let Ok((stream, peer)) = l.accept() {
+                idle = false;
+                stream.set_nonblocking(false)?;
+                let _ = stream.set_nodelay(true);
+                let reader = stream.try_clone()?;
+                let device = device.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = serve_connection(&device, reader, stream) {
+                        eprintln!("ftlab serve: {peer}: closed: {e}");
+                    }
+                });
+            }
+        }
+        if let Some(l) = &unix {
+            if let Ok((stream, _)) = l.accept() {
+                idle = false;
+                stream.set_nonblocking(false)?;
+                let reader = stream.try_clone()?;
+                let device = device.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = serve_connection(&device, reader, stream) {
+                        eprintln!("ftlab serve: unix client: closed: {e}");
+                    }
+                });
+            }
+        }
+        if idle {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let (requests, host, nand, gc, waf) = device.ftl_summary();
+    let s = device.store_stats();
+    println!("requests {requests}; host write pages {host}, flash write pages {nand} (GC {gc}), WAF {waf:.3}");
+    println!(
+        "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} huge_pages {}",
+        s.orig_data_size, s.compr_data_size, s.mem_used_total, s.same_pages, s.huge_pages
+    );
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}

@@ -1,0 +1,454 @@
+//! `ftlab serve`: the emulated SSD as an NBD server. Every request goes through the FTL core (so
+//! WAF, GC and latency are accounted as in replay) and its bytes live in the compressed page
+//! store. Blocking I/O, one thread per connection.
+//!
+//! Owns: sockets, the NBD handshake and transmission phases, wall-clock to simulated-time
+//! mapping, latency emulation. Does not know: FTL internals (it calls `Ftl::submit`) or how the
+//! store compresses.
+
+pub mod protocol;
+
+use crate::config::Config;
+use crate::ftl::mapping::FlatMapping;
+use crate::ftl::Ftl;
+use crate::request::{Op, Request as FtlRequest};
+use crate::store::codec::Codec;
+use crate::store::{PageStore, StoreConfig, StoreStats};
+use protocol as p;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How replies are timed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Latency {
+    /// Reply as soon as the request is done in RAM; simulated latency is only accounted.
+    None,
+    /// Hold each reply until the request's simulated completion (FEMU-style).
+    Real,
+    /// Hold each reply for the simulated latency times this factor.
+    Scaled(f64),
+}
+
+impl Latency {
+    pub fn parse(s: &str) -> Result<Latency, String> {
+        match s {
+            "none" => Ok(Latency::None),
+            "real" => Ok(Latency::Real),
+            _ => s
+                .strip_prefix("scaled:")
+                .and_then(|x| x.parse::<f64>().ok())
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .map(Latency::Scaled)
+                .ok_or_else(|| format!("`{s}`: latency is none, real or scaled:FACTOR")),
+        }
+    }
+}
+
+pub struct DeviceOptions {
+    /// The export's name; clients asking for another name are refused ("" is the default).
+    pub export_name: String,
+    pub latency: Latency,
+    pub codec: Codec,
+}
+
+struct State {
+    ftl: Ftl<FlatMapping>,
+    requests: u64,
+}
+
+/// The emulated SSD: FTL model and page store behind one lock (requests are applied one at a
+/// time, so a partial-page write's read-modify-write never races another connection's).
+pub struct Device {
+    state: Mutex<State>,
+    store: PageStore,
+    size_bytes: u64,
+    page_bytes: usize,
+    started: Instant,
+    options: DeviceOptions,
+}
+
+/// Why a request failed, as an NBD error code.
+type Errno = u32;
+
+impl Device {
+    pub fn new(config: &Config, options: DeviceOptions) -> Result<Device, String> {
+        let geometry = config.geometry().map_err(|e| e.to_string())?;
+        let page_bytes = geometry.page_size_bytes as usize;
+        let store = PageStore::new(StoreConfig::new(page_bytes, options.codec))
+            .map_err(|e| e.to_string())?;
+        Ok(Device {
+            state: Mutex::new(State {
+                ftl: Ftl::new(config, FlatMapping::new(geometry.logical_pages)),
+                requests: 0,
+            }),
+            store,
+            size_bytes: geometry.logical_bytes(),
+            page_bytes,
+            started: Instant::now(),
+            options,
+        })
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    pub fn store_stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    /// (requests, host write pages, flash write pages, GC write pages, WAF)
+    pub fn ftl_summary(&self) -> (u64, u64, u64, u64, f64) {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = s.ftl.stats();
+        (
+            s.requests,
+            st.host_write_pages,
+            st.nand_write_pages(),
+            st.gc_write_pages,
+            st.waf(),
+        )
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    fn transmission_flags(&self) -> u16 {
+        // Multi-conn is safe: every completed write is visible to every connection at once
+        // (one store, one lock), and a flush drains the one write buffer all share.
+        p::TF_HAS_FLAGS
+            | p::TF_SEND_FLUSH
+            | p::TF_SEND_FUA
+            | p::TF_SEND_TRIM
+            | p::TF_SEND_WRITE_ZEROES
+            | p::TF_SEND_FAST_ZERO
+            | p::TF_CAN_MULTI_CONN
+    }
+
+    /// Applies one command; fills `out` for reads. Returns the simulated latency in ns.
+    fn execute(&self, r: &p::Request, payload: &[u8], out: &mut Vec<u8>) -> Result<u64, Errno> {
+        let end = r.offset.checked_add(u64::from(r.length));
+        let in_range = end.is_some_and(|e| e <= self.size_bytes);
+        let ps = self.page_bytes as u64;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.requests += 1;
+        let now = self.now_ns();
+        let op = match r.command {
+            p::CMD_READ => Op::Read,
+            p::CMD_WRITE => Op::Write,
+            p::CMD_FLUSH => Op::Flush,
+            p::CMD_TRIM => Op::Trim,
+            p::CMD_WRITE_ZEROES => Op::Write,
+            _ => return Err(p::EINVAL),
+        };
+        if op != Op::Flush && !in_range {
+            return Err(if op == Op::Write {
+                p::ENOSPC
+            } else {
+                p::EINVAL
+            });
+        }
+        let mut page = vec![0u8; self.page_bytes];
+        let first = r.offset / ps;
+        let last_excl = (r.offset + u64::from(r.length)).div_ceil(ps);
+        let ftl_request = |op: Op, offset: u64, length: u64| FtlRequest {
+            arrival_ns: now,
+            op,
+            offset_bytes: offset,
+            length_bytes: length,
+            stream: 0,
+        };
+        let mut done = now;
+        match r.command {
+            p::CMD_READ => {
+                out.clear();
+                out.reserve(r.length as usize);
+                for lpn in first..last_excl {
+                    self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
+                    let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
+                    out.extend_from_slice(&page[a..b]);
+                }
+                done = state
+                    .ftl
+                    .submit(&ftl_request(Op::Read, r.offset, u64::from(r.length)), now)
+                    .map_err(|_| p::EINVAL)?;
+            }
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
+                let zeroes = r.command == p::CMD_WRITE_ZEROES;
+                let mut at = 0usize;
+                for lpn in first..last_excl {
+                    let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
+                    let whole = b - a == self.page_bytes;
+                    if zeroes && whole {
+                        self.store.trim(lpn);
+                    } else if whole {
+                        self.store
+                            .write(lpn, &payload[at..at + self.page_bytes])
+                            .map_err(|_| p::EIO)?;
+                    } else {
+                        self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
+                        if zeroes {
+                            page[a..b].fill(0);
+                        } else {
+                            page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
+                        }
+                        self.store.write(lpn, &page).map_err(|_| p::EIO)?;
+                    }
+                    at += b - a;
+                }
+                // Zeroes deallocate whole pages in the FTL (as TRIM) unless NO_HOLE asks for them
+                // to be written; partial pages at the ends are written either way.
+                let length = u64::from(r.length);
+                if zeroes && r.flags & p::CMD_FLAG_NO_HOLE == 0 {
+                    let whole_start = r.offset.div_ceil(ps) * ps;
+                    let whole_end = ((r.offset + length) / ps) * ps;
+                    if whole_start < whole_end {
+                        done = done.max(
+                            state
+                                .ftl
+                                .submit(
+                                    &ftl_request(Op::Trim, whole_start, whole_end - whole_start),
+                                    now,
+                                )
+                                .map_err(|_| p::EINVAL)?,
+                        );
+                        if r.offset < whole_start {
+                            done = done.max(
+                                state
+                                    .ftl
+                                    .submit(
+                                        &ftl_request(Op::Write, r.offset, whole_start - r.offset),
+                                        now,
+                                    )
+                                    .map_err(|_| p::EINVAL)?,
+                            );
+                        }
+                        if whole_end < r.offset + length {
+                            done = done.max(
+                                state
+                                    .ftl
+                                    .submit(
+                                        &ftl_request(
+                                            Op::Write,
+                                            whole_end,
+                                            r.offset + length - whole_end,
+                                        ),
+                                        now,
+                                    )
+                                    .map_err(|_| p::EINVAL)?,
+                            );
+                        }
+                    } else {
+                        done = state
+                            .ftl
+                            .submit(&ftl_request(Op::Write, r.offset, length), now)
+                            .map_err(|_| p::EINVAL)?;
+                    }
+                } else {
+                    done = state
+                        .ftl
+                        .submit(&ftl_request(Op::Write, r.offset, length), now)
+                        .map_err(|_| p::EINVAL)?;
+                }
+                if r.flags & p::CMD_FLAG_FUA != 0 {
+                    done = done.max(state.ftl.flush(done));
+                }
+            }
+            p::CMD_TRIM => {
+                let whole_start = r.offset.div_ceil(ps);
+                let whole_end = (r.offset + u64::from(r.length)) / ps;
+                for lpn in whole_start..whole_end {
+                    self.store.trim(lpn);
+                }
+                done = state
+                    .ftl
+                    .submit(&ftl_request(Op::Trim, r.offset, u64::from(r.length)), now)
+                    .map_err(|_| p::EINVAL)?;
+            }
+            p::CMD_FLUSH => {
+                done = state.ftl.flush(now);
+            }
+            _ => unreachable!("filtered above"),
+        }
+        Ok(done - now)
+    }
+}
+
+/// The byte range [a, b) of page `lpn` that the request [offset, offset + length) covers.
+fn covered(lpn: u64, page_bytes: u64, offset: u64, length: u64) -> (usize, usize) {
+    let start = (lpn * page_bytes).max(offset);
+    let end = ((lpn + 1) * page_bytes).min(offset + length);
+    (
+        (start - lpn * page_bytes) as usize,
+        (end - lpn * page_bytes) as usize,
+    )
+}
+
+fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), String> {
+    r.read_exact(buf)
+        .map_err(|e| format!("reading {what}: {e}"))
+}
+
+fn send<W: Write>(w: &mut W, bytes: &[u8]) -> Result<(), String> {
+    w.write_all(bytes).map_err(|e| format!("writing: {e}"))
+}
+
+/// Serves one client from handshake to disconnect. `Ok` for an orderly end (ABORT, DISC or
+/// end of stream between requests); `Err` with the reason when the connection had to be closed
+/// for a protocol violation.
+pub fn serve_connection<R: Read, W: Write>(
+    device: &Device,
+    reader: R,
+    writer: W,
+) -> Result<(), String> {
+    let mut r = BufReader::with_capacity(256 << 10, reader);
+    let mut w = BufWriter::with_capacity(256 << 10, writer);
+    send(&mut w, &p::greeting())?;
+    w.flush().map_err(|e| e.to_string())?;
+    let mut flags = [0u8; 4];
+    read_exact(&mut r, &mut flags, "client flags")?;
+    let client_flags = u32::from_be_bytes(flags);
+    if client_flags & p::CLIENT_FIXED_NEWSTYLE == 0 {
+        return Err("client does not speak fixed newstyle".into());
+    }
+    let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
+    let name_ok = |name: &str| name.is_empty() || name == device.options.export_name;
+    // Option haggling.
+    loop {
+        let mut h = [0u8; 16];
+        read_exact(&mut r, &mut h, "option header")?;
+        let header = p::parse_option_header(&h)?;
+        if header.length > p::MAX_OPTION_BYTES {
+            return Err(format!(
+                "option {} of {} bytes (at most {})",
+                header.option,
+                header.length,
+                p::MAX_OPTION_BYTES
+            ));
+        }
+        let mut data = vec![0u8; header.length as usize];
+        read_exact(&mut r, &mut data, "option data")?;
+        match header.option {
+            p::OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                if !name_ok(&name) {
+                    return Err(format!("unknown export `{name}`"));
+                }
+                send(&mut w, &device.size_bytes.to_be_bytes())?;
+                send(&mut w, &device.transmission_flags().to_be_bytes())?;
+                if !no_zeroes {
+                    send(&mut w, &[0u8; 124])?;
+                }
+                break;
+            }
+            p::OPT_ABORT => {
+                send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                w.flush().map_err(|e| e.to_string())?;
+                return Ok(());
+            }
+            p::OPT_LIST => {
+                if !data.is_empty() {
+                    send(
+                        &mut w,
+                        &p::option_reply(header.option, p::REP_ERR_INVALID, b"LIST takes no data"),
+                    )?;
+                } else {
+                    let name = device.options.export_name.as_bytes();
+                    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+                    d.extend_from_slice(name);
+                    send(&mut w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
+                    send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                }
+            }
+            p::OPT_INFO | p::OPT_GO => match p::parse_go(&data) {
+                Err(e) => send(
+                    &mut w,
+                    &p::option_reply(header.option, p::REP_ERR_INVALID, e.as_bytes()),
+                )?,
+                Ok(go) if !name_ok(&go.name) => send(
+                    &mut w,
+                    &p::option_reply(
+                        header.option,
+                        p::REP_ERR_UNKNOWN,
+                        format!("no export `{}`", go.name).as_bytes(),
+                    ),
+                )?,
+                Ok(_) => {
+                    let info = p::info_export(device.size_bytes, device.transmission_flags());
+                    send(&mut w, &p::option_reply(header.option, p::REP_INFO, &info))?;
+                    // Any byte range works (partial pages are read-modify-writes); whole
+                    // pages are what the device prefers.
+                    let bs = p::info_block_size(1, device.page_bytes as u32, p::MAX_REQUEST_BYTES);
+                    send(&mut w, &p::option_reply(header.option, p::REP_INFO, &bs))?;
+                    send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                    if header.option == p::OPT_GO {
+                        break;
+                    }
+                }
+            },
+            _ => send(
+                &mut w,
+                &p::option_reply(header.option, p::REP_ERR_UNSUP, b"not supported by ftlab"),
+            )?,
+        }
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    w.flush().map_err(|e| e.to_string())?;
+    // Transmission.
+    let mut payload = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        let mut h = [0u8; 28];
+        match r.read_exact(&mut h) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("reading request: {e}")),
+        }
+        let request = p::parse_request(&h)?;
+        if request.command == p::CMD_DISC {
+            w.flush().map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+        payload.clear();
+        if request.command == p::CMD_WRITE {
+            if request.length > p::MAX_REQUEST_BYTES {
+                return Err(format!(
+                    "write of {} bytes (at most {}): cannot stay in sync",
+                    request.length,
+                    p::MAX_REQUEST_BYTES
+                ));
+            }
+            payload.resize(request.length as usize, 0);
+            read_exact(&mut r, &mut payload, "write payload")?;
+        }
+        let result = if request.length > p::MAX_REQUEST_BYTES {
+            Err(p::EINVAL)
+        } else {
+            device.execute(&request, &payload, &mut out)
+        };
+        match result {
+            Ok(latency_ns) => {
+                let hold = match device.options.latency {
+                    Latency::None => 0.0,
+                    Latency::Real => latency_ns as f64,
+                    Latency::Scaled(x) => latency_ns as f64 * x,
+                };
+                if hold > 0.0 {
+                    w.flush().map_err(|e| e.to_string())?;
+                    std::thread::sleep(Duration::from_nanos(hold as u64));
+                }
+                send(&mut w, &p::simple_reply_header(0, request.cookie))?;
+                if request.command == p::CMD_READ {
+                    send(&mut w, &out)?;
+                }
+            }
+            Err(errno) => send(&mut w, &p::simple_reply_header(errno, request.cookie))?,
+        }
+        // Reply now unless the next request is already waiting (pipelined clients).
+        if r.buffer().is_empty() {
+            w.flush().map_err(|e| e.to_string())?;
+        }
+    }
+}
