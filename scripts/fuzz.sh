@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every parser fuzz target for SECONDS each (default 60), seeded with real trace lines.
+# Runs every fuzz target (the five trace parsers and the NBD connection) for SECONDS each (default 60), seeded with real trace lines.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); RUSTC_BOOTSTRAP lets it use the stable toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -11,7 +11,10 @@ zcat "$shared/traces/rocksdb.nbdlog.gz" | head -50 > corpus/parse_nbdkit/seed ||
 printf '0 0 0 8 0\n10000 0 8 8 1\n' > corpus/parse_disksim/seed
 printf '  8,0    3        1     0.000000000   697  Q   W 223490 + 8 [kjournald]\n8,0 0 5 2.0 123 Q FWS [jbd2]\n' > corpus/parse_blkparse/seed
 printf 'fio version 3 iolog\n0 /dev/x add\n878 /dev/x write 0 16384\n9 /dev/x sync\n' > corpus/parse_fio/seed
-for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio; do
+mkdir -p corpus/nbd_connection
+# A client greeting: flags, then NBD_OPT_GO for "ftlab" (the fuzzer mutates from here).
+printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00' > corpus/nbd_connection/seed
+for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_connection; do
   echo "== $t (${seconds}s)"
   RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" -- -max_total_time="$seconds" 2>&1 | grep -E '^Done|panicked|ERROR|SUMMARY' || true
 done

@@ -5,6 +5,7 @@ mod config_errors;
 mod determinism;
 mod invariants;
 mod readme;
+mod server;
 mod store;
 mod support;
 mod traces;

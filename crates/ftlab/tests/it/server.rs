@@ -1,0 +1,370 @@
+//! The NBD server against a client written here, over in-process socket pairs (no kernel NBD),
+//! with a byte-level oracle; protocol abuse on one connection while another keeps working; and
+//! qemu-io against the real binary.
+
+use crate::support::{config, temp_dir};
+use ftlab::rng::SplitMix64;
+use ftlab::server::protocol as p;
+use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab::store::codec::Codec;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+const SIZE: u64 = 64 << 20;
+
+fn device() -> Arc<Device> {
+    let c = config(
+        "femu",
+        &[
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+        ],
+    );
+    Arc::new(
+        Device::new(
+            &c,
+            DeviceOptions {
+                export_name: "ftlab".into(),
+                latency: Latency::None,
+                codec: Codec::Lz4,
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// Starts serving one end of a socket pair; returns the client's end and the server's result.
+fn connect(device: &Arc<Device>) -> (UnixStream, std::thread::JoinHandle<Result<(), String>>) {
+    let (client, server) = UnixStream::pair().unwrap();
+    let device = device.clone();
+    let handle = std::thread::spawn(move || {
+        let reader = server.try_clone().unwrap();
+        serve_connection(&device, reader, server)
+    });
+    (client, handle)
+}
+
+struct Client {
+    s: UnixStream,
+    cookie: u64,
+}
+
+fn option(s: &mut UnixStream, option: u32, data: &[u8]) {
+    let mut m = p::IHAVEOPT.to_be_bytes().to_vec();
+    m.extend_from_slice(&option.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m).unwrap();
+}
+
+/// (reply type, data) of one option reply.
+fn option_reply(s: &mut UnixStream) -> (u32, Vec<u8>) {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(
+        u64::from_be_bytes(h[..8].try_into().unwrap()),
+        p::REPLY_MAGIC_OPT
+    );
+    let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+    let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+    let mut d = vec![0u8; len];
+    s.read_exact(&mut d).unwrap();
+    (kind, d)
+}
+
+fn go_data(name: &str) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&1u16.to_be_bytes());
+    d.extend_from_slice(&p::INFO_BLOCK_SIZE.to_be_bytes());
+    d
+}
+
+fn greet(s: &mut UnixStream) {
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).unwrap();
+    assert_eq!(&g, &p::greeting());
+    s.write_all(&(p::CLIENT_FIXED_NEWSTYLE | p::CLIENT_NO_ZEROES).to_be_bytes())
+        .unwrap();
+}
+
+impl Client {
+    fn open(device: &Arc<Device>) -> (Client, std::thread::JoinHandle<Result<(), String>>) {
+        let (mut s, h) = connect(device);
+        greet(&mut s);
+        option(&mut s, p::OPT_GO, &go_data("ftlab"));
+        let mut size = None;
+        loop {
+            let (kind, d) = option_reply(&mut s);
+            match kind {
+                p::REP_INFO if u16::from_be_bytes([d[0], d[1]]) == p::INFO_EXPORT => {
+                    size = Some(u64::from_be_bytes(d[2..10].try_into().unwrap()));
+                }
+                p::REP_INFO => {}
+                p::REP_ACK => break,
+                other => panic!("unexpected reply {other:#x}"),
+            }
+        }
+        assert_eq!(size, Some(SIZE));
+        (Client { s, cookie: 0 }, h)
+    }
+
+    fn request(
+        &mut self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        data: &[u8],
+    ) -> (u32, Vec<u8>) {
+        self.cookie += 1;
+        let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&flags.to_be_bytes());
+        m.extend_from_slice(&command.to_be_bytes());
+        m.extend_from_slice(&self.cookie.to_be_bytes());
+        m.extend_from_slice(&offset.to_be_bytes());
+        m.extend_from_slice(&length.to_be_bytes());
+        m.extend_from_slice(data);
+        self.s.write_all(&m).unwrap();
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(h[..4].try_into().unwrap()),
+            p::SIMPLE_REPLY_MAGIC
+        );
+        assert_eq!(u64::from_be_bytes(h[8..].try_into().unwrap()), self.cookie);
+        let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let mut d = Vec::new();
+        if command == p::CMD_READ && error == 0 {
+            d.resize(length as usize, 0);
+            self.s.read_exact(&mut d).unwrap();
+        }
+        (error, d)
+    }
+}
+
+#[test]
+fn reads_return_what_was_written_at_any_offset_and_length() {
+    let device = device();
+    let (mut c, _h) = Client::open(&device);
+    let mut oracle = vec![0u8; SIZE as usize];
+    let mut rng = SplitMix64::new(3);
+    // Confine most traffic to 2 MiB so requests overlap.
+    for i in 0..600 {
+        let offset = rng.bounded(2 << 20);
+        let len = 1 + rng.bounded(if i % 3 == 0 { 20_000 } else { 4096 }) as u32;
+        let end = (offset + u64::from(len)) as usize;
+        match rng.bounded(6) {
+            0 | 1 => {
+                let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8 & 0x0f).collect();
+                let fua = if rng.bounded(4) == 0 {
+                    p::CMD_FLAG_FUA
+                } else {
+                    0
+                };
+                assert_eq!(c.request(p::CMD_WRITE, fua, offset, len, &data).0, 0);
+                oracle[offset as usize..end].copy_from_slice(&data);
+            }
+            2 => {
+                let flags = if rng.bounded(2) == 0 {
+                    p::CMD_FLAG_NO_HOLE
+                } else {
+                    0
+                };
+                assert_eq!(c.request(p::CMD_WRITE_ZEROES, flags, offset, len, &[]).0, 0);
+                oracle[offset as usize..end].fill(0);
+            }
+            3 => {
+                // Trim may leave data or zeros; only whole pages are deallocated here.
+                assert_eq!(c.request(p::CMD_TRIM, 0, offset, len, &[]).0, 0);
+                let a = offset.div_ceil(4096) as usize * 4096;
+                let b = end / 4096 * 4096;
+                if a < b {
+                    oracle[a..b].fill(0);
+                }
+            }
+            4 => assert_eq!(c.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0),
+            _ => {
+                let (e, d) = c.request(p::CMD_READ, 0, offset, len, &[]);
+                assert_eq!(e, 0);
+                assert!(
+                    d == oracle[offset as usize..end],
+                    "read at {offset} +{len} differs"
+                );
+            }
+        }
+    }
+    let (e, d) = c.request(p::CMD_READ, 0, 0, 2 << 20, &[]);
+    assert_eq!(e, 0);
+    assert!(d == oracle[..2 << 20]);
+    let (_, host, nand, _, _) = device.ftl_summary();
+    assert!(
+        host > 0 && nand >= host / 2,
+        "the FTL saw the writes: host {host} nand {nand}"
+    );
+}
+
+#[test]
+fn protocol_abuse_closes_only_the_abusive_connection() {
+    let device = device();
+    let (mut good, good_h) = Client::open(&device);
+    let data = vec![7u8; 4096];
+    assert_eq!(good.request(p::CMD_WRITE, 0, 4096, 4096, &data).0, 0);
+
+    // Requests past the end or too long: errors, connection stays usable.
+    assert_eq!(
+        good.request(p::CMD_READ, 0, SIZE - 100, 4096, &[]).0,
+        p::EINVAL
+    );
+    assert_eq!(
+        good.request(p::CMD_WRITE, 0, SIZE - 100, 200, &[1u8; 200])
+            .0,
+        p::ENOSPC
+    );
+    assert_eq!(
+        good.request(p::CMD_READ, 0, 0, p::MAX_REQUEST_BYTES + 1, &[])
+            .0,
+        p::EINVAL
+    );
+    assert_eq!(good.request(99, 0, 0, 0, &[]).0, p::EINVAL);
+    assert_eq!(good.request(p::CMD_READ, 0, 4096, 4096, &[]).1, data);
+
+    // Unknown option, unknown export, malformed GO: answered, negotiation goes on.
+    let (mut s, h) = connect(&device);
+    greet(&mut s);
+    option(&mut s, 42, b"whatever");
+    assert_eq!(option_reply(&mut s).0, p::REP_ERR_UNSUP);
+    option(&mut s, p::OPT_GO, &go_data("nope"));
+    assert_eq!(option_reply(&mut s).0, p::REP_ERR_UNKNOWN);
+    option(&mut s, p::OPT_GO, &[0, 0, 0, 9, b'x']);
+    assert_eq!(option_reply(&mut s).0, p::REP_ERR_INVALID);
+    option(&mut s, p::OPT_LIST, &[]);
+    assert_eq!(option_reply(&mut s).0, p::REP_SERVER);
+    assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+    option(&mut s, p::OPT_ABORT, &[]);
+    assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+    assert_eq!(h.join().unwrap(), Ok(()));
+
+    // Each of these closes its connection with a reason.
+    let abuses: Vec<(&str, Box<dyn Fn(&mut UnixStream)>)> = vec![
+        (
+            "truncated handshake",
+            Box::new(|s: &mut UnixStream| {
+                s.write_all(&[0, 0]).unwrap();
+            }),
+        ),
+        (
+            "not fixed newstyle",
+            Box::new(|s: &mut UnixStream| {
+                s.write_all(&0u32.to_be_bytes()).unwrap();
+            }),
+        ),
+        (
+            "wrong option magic",
+            Box::new(|s: &mut UnixStream| {
+                s.write_all(&1u32.to_be_bytes()).unwrap();
+                s.write_all(&[0x55; 16]).unwrap();
+            }),
+        ),
+        (
+            "oversized option",
+            Box::new(|s: &mut UnixStream| {
+                s.write_all(&1u32.to_be_bytes()).unwrap();
+                let mut m = p::IHAVEOPT.to_be_bytes().to_vec();
+                m.extend_from_slice(&p::OPT_GO.to_be_bytes());
+                m.extend_from_slice(&u32::MAX.to_be_bytes());
+                s.write_all(&m).unwrap();
+            }),
+        ),
+    ];
+    for (what, abuse) in abuses {
+        let (mut s, h) = connect(&device);
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).unwrap();
+        abuse(&mut s);
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let result = h.join().unwrap();
+        assert!(result.is_err(), "{what}: {result:?}");
+    }
+    // Garbage in transmission: wrong request magic, and a write longer than the maximum.
+    for garbage in [vec![0xAAu8; 28], {
+        let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&p::CMD_WRITE.to_be_bytes());
+        m.extend_from_slice(&[0u8; 16]);
+        m.extend_from_slice(&u32::MAX.to_be_bytes());
+        m
+    }] {
+        let (mut c, h) = Client::open(&device);
+        c.s.write_all(&garbage).unwrap();
+        c.s.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(h.join().unwrap().is_err());
+    }
+    // The well-behaved connection kept working throughout.
+    assert_eq!(good.request(p::CMD_READ, 0, 4096, 4096, &[]).1, data);
+    // NBD_CMD_DISC has no reply: the server ends the connection in order.
+    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
+    m.extend_from_slice(&[0u8; 20]);
+    good.s.write_all(&m).unwrap();
+    assert_eq!(good_h.join().unwrap(), Ok(()));
+}
+
+#[test]
+fn qemu_io_writes_patterns_at_odd_offsets_and_reads_them_back() {
+    if std::process::Command::new("qemu-io")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("SKIPPED: qemu-io is not installed (apt-get install qemu-utils)");
+        eprintln!("SKIPPED: qemu-io is not installed (apt-get install qemu-utils)");
+        return;
+    }
+    let dir = temp_dir("qemu");
+    let sock = dir.join("nbd.sock");
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["serve", "--no-tcp", "--unix"])
+        .arg(&sock)
+        .args(["--set", "capacity.logical_bytes=268435456"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if sock.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let url = format!("nbd+unix:///ftlab?socket={}", sock.display());
+    let out = std::process::Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .args(["-c", "write -P 0x5a 1000 70001"])
+        .args(["-c", "write -P 0xc3 200003 513"])
+        .args(["-c", "write -z 4096 8192"])
+        .args(["-c", "read -P 0x5a 1000 3096"])
+        .args(["-c", "read -P 0 4096 8192"])
+        .args(["-c", "read -P 0x5a 12288 58713"])
+        .args(["-c", "read -P 0xc3 200003 513"])
+        .args(["-c", "read -P 0 0 1000"])
+        .args(["-c", "discard 1048576 1048576"])
+        .args(["-c", "read -P 0 1048576 1048576"])
+        .args(["-c", "flush"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    // SIGTERM: the server prints its summary and exits.
+    unsafe {
+        libc::kill(server.id() as i32, libc::SIGTERM);
+    }
+    let status = server.wait().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("Pattern verification failed"), "{stdout}");
+    assert_eq!(stdout.matches("read ").count(), 6, "{stdout}");
+    assert!(status.success());
+}

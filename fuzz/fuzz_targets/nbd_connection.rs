@@ -1,0 +1,26 @@
+//! Arbitrary bytes as everything a client sends, through the whole NBD connection state machine
+//! (handshake, options, requests): errors close the connection, panics are bugs.
+#![no_main]
+use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab::store::codec::Codec;
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+fn device() -> &'static Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE.get_or_init(|| {
+        let mut b = ftlab::ConfigBuilder::from_preset("femu").unwrap();
+        for s in ["flash.blocks_per_die=4", "flash.superblock_dies=1", "capacity.logical_bytes=67108864"] {
+            b.set(s).unwrap();
+        }
+        Device::new(
+            &b.build().unwrap(),
+            DeviceOptions { export_name: "ftlab".into(), latency: Latency::None, codec: Codec::Lz4 },
+        )
+        .unwrap()
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = serve_connection(device(), std::io::Cursor::new(data), std::io::sink());
+});
