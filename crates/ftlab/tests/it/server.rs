@@ -248,7 +248,8 @@ fn protocol_abuse_closes_only_the_abusive_connection() {
     assert_eq!(h.join().unwrap(), Ok(()));
 
     // Each of these closes its connection with a reason.
-    let abuses: Vec<(&str, Box<dyn Fn(&mut UnixStream)>)> = vec![
+    type Abuse = Box<dyn Fn(&mut UnixStream)>;
+    let abuses: Vec<(&str, Abuse)> = vec![
         (
             "truncated handshake",
             Box::new(|s: &mut UnixStream| {
