@@ -5,8 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-# `ftlab plot` draws text with DejaVu Sans (tests/it/cli.rs plots a report).
+# `ftlab plot` draws text with DejaVu Sans (tests/it/readme.rs plots a report).
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# Real NBD clients for tests/it/tools.rs: fio (nbd engine), nbdcopy and nbdfuse, FUSE.
+command -v fio >/dev/null || need_apt+=(fio)
+command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"

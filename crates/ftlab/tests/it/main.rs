@@ -8,5 +8,6 @@ mod readme;
 mod server;
 mod store;
 mod support;
+mod tools;
 mod traces;
 mod waf;

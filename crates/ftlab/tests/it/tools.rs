@@ -1,0 +1,241 @@
+//! Real clients against `ftlab serve`: fio with verify, nbdcopy, and ext4 through nbdfuse and a
+//! loop device. A missing tool or kernel feature is a loud SKIPPED line, never a silent pass.
+
+use crate::support::temp_dir;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn skip(why: &str) {
+    println!("SKIPPED: {why}");
+    eprintln!("SKIPPED: {why}");
+}
+
+/// `ftlab serve` on a Unix socket; SIGTERM on drop.
+struct Server {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start(name: &str, logical_bytes: u64) -> Server {
+        let socket = temp_dir(name).join("nbd.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(["serve", "--no-tcp", "--unix"])
+            .arg(&socket)
+            .args(["--set", &format!("capacity.logical_bytes={logical_bytes}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..200 {
+            if socket.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Server { child, socket }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///ftlab?socket={}", self.socket.display())
+    }
+
+    /// Stops the server and returns its final summary.
+    fn stop(mut self) -> String {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let out = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap())
+            .wait_with_output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+    text
+}
+
+#[test]
+fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
+    if !have("fio")
+        || !Command::new("fio")
+            .arg("--enghelp")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"))
+    {
+        return skip("fio with the nbd ioengine is not installed (apt-get install fio)");
+    }
+    let size = 128u64 << 20;
+    let server = Server::start("fio", size);
+    for rw in ["randwrite", "randrw"] {
+        let out = run(Command::new("fio")
+            .args(["--name=verify", "--ioengine=nbd", "--bs=4k", "--iodepth=16"])
+            .arg(format!("--uri={}", server.uri()))
+            .arg(format!("--rw={rw}"))
+            .arg(format!("--size={size}"))
+            .args([
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--randrepeat=1",
+            ]));
+        // fio exits non-zero on a verify failure (verify_fatal); its summary shows no error.
+        assert!(out.contains("err= 0"), "{out}");
+    }
+    let summary = server.stop();
+    assert!(summary.contains("WAF"), "{summary}");
+}
+
+fn real_data_file(path: &Path, bytes: usize) {
+    let mut data = Vec::with_capacity(bytes);
+    let mut stack = vec![PathBuf::from("/usr/lib")];
+    while data.len() < bytes {
+        let Some(dir) = stack.pop() else { break };
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).collect();
+        entries.sort_by_key(|e| e.path());
+        for e in entries {
+            let Ok(t) = e.file_type() else { continue };
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                if let Ok(b) = std::fs::read(e.path()) {
+                    data.extend_from_slice(&b);
+                }
+            }
+            if data.len() >= bytes {
+                break;
+            }
+        }
+    }
+    data.resize(bytes, 0x5a);
+    std::fs::write(path, data).unwrap();
+}
+
+#[test]
+fn nbdcopy_a_real_file_in_and_out_gives_identical_bytes() {
+    if !have("nbdcopy") {
+        return skip("nbdcopy is not installed (apt-get install libnbd-bin)");
+    }
+    let size = 256usize << 20;
+    let dir = temp_dir("nbdcopy");
+    let file = dir.join("in.bin");
+    real_data_file(&file, size);
+    let server = Server::start("nbdcopy", size as u64);
+    run(Command::new("nbdcopy").arg(&file).arg(server.uri()));
+    let back = dir.join("out.bin");
+    run(Command::new("nbdcopy").arg(server.uri()).arg(&back));
+    let (a, b) = (std::fs::read(&file).unwrap(), std::fs::read(&back).unwrap());
+    assert_eq!(a.len(), b.len());
+    assert!(a == b, "bytes differ after the round trip");
+    let summary = server.stop();
+    assert!(summary.contains("compr_data_size"), "{summary}");
+}
+
+#[test]
+fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
+    for tool in [
+        "nbdfuse",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "umount",
+        "fusermount3",
+    ] {
+        if !have(tool) {
+            return skip(&format!(
+                "{tool} is not installed (apt-get install libnbd-bin fuse3)"
+            ));
+        }
+    }
+    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
+        return skip("/dev/fuse or /dev/loop-control is missing on this machine");
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("ext4 through a loop device needs root");
+    }
+    let dir = temp_dir("ext4");
+    let (fuse_dir, mnt) = (dir.join("fuse"), dir.join("mnt"));
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let server = Server::start("ext4", 1 << 30);
+    let mut fuse = Command::new("nbdfuse")
+        .arg(&fuse_dir)
+        .arg(server.uri())
+        .spawn()
+        .unwrap();
+    let image = fuse_dir.join("nbd");
+    for _ in 0..200 {
+        if image.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let loop_dev = run(Command::new("losetup")
+        .args(["--direct-io=on", "-f", "--show"])
+        .arg(&image))
+    .lines()
+    .next()
+    .unwrap()
+    .trim()
+    .to_string();
+    let result = std::panic::catch_unwind(|| {
+        run(Command::new("mkfs.ext4").args(["-q", &loop_dev]));
+        run(Command::new("mount").arg(&loop_dev).arg(&mnt));
+        let tree = Path::new("/usr/share/doc");
+        run(Command::new("cp").arg("-a").arg(tree).arg(&mnt));
+        let sums = |root: &Path| {
+            run(Command::new("sh").arg("-c").arg(format!(
+                "cd '{}' && find . -type f -exec sha256sum {{}} + | sort -k2",
+                root.display()
+            )))
+        };
+        let before = sums(tree);
+        run(Command::new("umount").arg(&mnt));
+        let fsck = run(Command::new("e2fsck").args(["-fn", &loop_dev]));
+        assert!(fsck.contains("Pass 5"), "{fsck}");
+        run(Command::new("mount").arg(&loop_dev).arg(&mnt));
+        let after = sums(&mnt.join("doc"));
+        run(Command::new("umount").arg(&mnt));
+        assert!(before.lines().count() > 100);
+        assert!(before == after, "file checksums differ after remount");
+    });
+    let _ = Command::new("losetup").args(["-d", &loop_dev]).status();
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&fuse_dir)
+        .status();
+    let _ = fuse.wait();
+    let summary = server.stop();
+    assert!(summary.contains("WAF"), "{summary}");
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
