@@ -292,7 +292,7 @@ impl From<&FtlStats> for FtlStatsSerde {
     }
 }
 
-fn round6(x: f64) -> f64 {
+pub(crate) fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 

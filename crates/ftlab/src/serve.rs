@@ -32,6 +32,26 @@ pub struct ServeArgs {
     /// Reply timing: none, real (hold replies until the simulated completion), scaled:FACTOR.
     #[arg(long, default_value = "none")]
     latency: String,
+    /// Record every request the FTL model sees, in nbdkit log format (replay with `ftlab sim
+    /// --trace FILE`).
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Rewrite this JSON file with live statistics every --stats-interval seconds.
+    #[arg(long)]
+    stats: Option<PathBuf>,
+    #[arg(long, default_value_t = 5.0)]
+    stats_interval: f64,
+}
+
+fn write_stats(device: &Device, path: &std::path::Path) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_string_pretty(&device.stats_json())? + "\n",
+    )
+    .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -51,6 +71,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 export_name: args.export_name.clone(),
                 latency,
                 codec,
+                record: args.record.clone(),
             },
         )
         .map_err(anyhow::Error::msg)?,
@@ -91,7 +112,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tcp.is_some() || unix.is_some(),
         "no listener: give --unix or drop --no-tcp"
     );
+    let mut last_stats = std::time::Instant::now();
+    anyhow::ensure!(
+        args.stats_interval.is_finite() && args.stats_interval > 0.0,
+        "--stats-interval must be a positive number of seconds"
+    );
     while !STOP.load(Ordering::SeqCst) {
+        if let Some(path) = &args.stats {
+            if last_stats.elapsed().as_secs_f64() >= args.stats_interval {
+                write_stats(&device, path)?;
+                last_stats = std::time::Instant::now();
+            }
+        }
         let mut idle = true;
         if let Some(l) = &tcp {
             if let Ok((stream, peer)) = l.accept() {
@@ -123,6 +155,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if idle {
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+    device.finish().map_err(anyhow::Error::msg)?;
+    if let Some(path) = &args.stats {
+        write_stats(&device, path)?;
     }
     let (requests, host, nand, gc, waf) = device.ftl_summary();
     let s = device.store_stats();

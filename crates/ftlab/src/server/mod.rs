@@ -50,11 +50,44 @@ pub struct DeviceOptions {
     pub export_name: String,
     pub latency: Latency,
     pub codec: Codec,
+    /// Write every request the FTL model sees here, in nbdkit log format, so that
+    /// `ftlab sim --trace` replays exactly what the server simulated.
+    pub record: Option<std::path::PathBuf>,
 }
 
 struct State {
     ftl: Ftl<FlatMapping>,
     requests: u64,
+    record: Option<BufWriter<std::fs::File>>,
+    recorded: u64,
+}
+
+impl State {
+    /// Applies one request to the FTL model (and records it).
+    fn submit(&mut self, request: FtlRequest, unix_start_ns: u64) -> Result<u64, Errno> {
+        if let Some(w) = &mut self.record {
+            self.recorded += 1;
+            let verb = match request.op {
+                Op::Read => "Read",
+                Op::Write => "Write",
+                Op::Trim => "Trim",
+                Op::Flush => "Flush",
+            };
+            let line = crate::trace::nbdkit::format_line(
+                unix_start_ns + request.arrival_ns,
+                1,
+                verb,
+                self.recorded,
+                request.offset_bytes,
+                request.length_bytes,
+            );
+            // A failing record file must not fail the client's I/O: it is reported at shutdown.
+            let _ = writeln!(w, "{line}");
+        }
+        self.ftl
+            .submit(&request, request.arrival_ns)
+            .map_err(|_| p::EINVAL)
+    }
 }
 
 /// The emulated SSD: FTL model and page store behind one lock (requests are applied one at a
@@ -65,6 +98,8 @@ pub struct Device {
     size_bytes: u64,
     page_bytes: usize,
     started: Instant,
+    /// Wall clock at `started`, for recorded timestamps.
+    unix_start_ns: u64,
     options: DeviceOptions,
 }
 
@@ -77,11 +112,22 @@ impl Device {
         let page_bytes = geometry.page_size_bytes as usize;
         let store = PageStore::new(StoreConfig::new(page_bytes, options.codec))
             .map_err(|e| e.to_string())?;
+        let record = match &options.record {
+            Some(path) => Some(BufWriter::new(
+                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+            )),
+            None => None,
+        };
         Ok(Device {
             state: Mutex::new(State {
                 ftl: Ftl::new(config, FlatMapping::new(geometry.logical_pages)),
                 requests: 0,
+                record,
+                recorded: 0,
             }),
+            unix_start_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
             store,
             size_bytes: geometry.logical_bytes(),
             page_bytes,
@@ -98,6 +144,25 @@ impl Device {
         self.store.stats()
     }
 
+    /// The live statistics: the simulator's counters and the store's mm_stat fields.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let (requests, ftl) = {
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (s.requests, s.ftl.stats().clone())
+        };
+        serde_json::json!({
+            "uptime_ns": self.now_ns(),
+            "requests": requests,
+            "waf": crate::report::round6(ftl.waf()),
+            "host_write_pages": ftl.host_write_pages,
+            "nand_write_pages": ftl.nand_write_pages(),
+            "gc_write_pages": ftl.gc_write_pages,
+            "erases": ftl.erases,
+            "counters": ftl,
+            "store": self.store.stats(),
+        })
+    }
+
     /// (requests, host write pages, flash write pages, GC write pages, WAF)
     pub fn ftl_summary(&self) -> (u64, u64, u64, u64, f64) {
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -109,6 +174,18 @@ impl Device {
             st.gc_write_pages,
             st.waf(),
         )
+    }
+
+    /// Drains the FTL's write buffer (as a replay's end does) and flushes the record file; call
+    /// before exiting.
+    pub fn finish(&self) -> Result<(), String> {
+        let now = self.now_ns();
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.ftl.flush(now);
+        if let Some(w) = &mut s.record {
+            w.flush().map_err(|e| format!("record file: {e}"))?;
+        }
+        Ok(())
     }
 
     fn now_ns(&self) -> u64 {
@@ -170,10 +247,10 @@ impl Device {
                     let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
                     out.extend_from_slice(&page[a..b]);
                 }
-                done = state
-                    .ftl
-                    .submit(&ftl_request(Op::Read, r.offset, u64::from(r.length)), now)
-                    .map_err(|_| p::EINVAL)?;
+                done = state.submit(
+                    ftl_request(Op::Read, r.offset, u64::from(r.length)),
+                    self.unix_start_ns,
+                )?;
             }
             p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
                 let zeroes = r.command == p::CMD_WRITE_ZEROES;
@@ -198,62 +275,27 @@ impl Device {
                     }
                     at += b - a;
                 }
-                // Zeroes deallocate whole pages in the FTL (as TRIM) unless NO_HOLE asks for them
-                // to be written; partial pages at the ends are written either way.
-                let length = u64::from(r.length);
-                if zeroes && r.flags & p::CMD_FLAG_NO_HOLE == 0 {
-                    let whole_start = r.offset.div_ceil(ps) * ps;
-                    let whole_end = ((r.offset + length) / ps) * ps;
-                    if whole_start < whole_end {
-                        done = done.max(
-                            state
-                                .ftl
-                                .submit(
-                                    &ftl_request(Op::Trim, whole_start, whole_end - whole_start),
-                                    now,
-                                )
-                                .map_err(|_| p::EINVAL)?,
-                        );
-                        if r.offset < whole_start {
-                            done = done.max(
-                                state
-                                    .ftl
-                                    .submit(
-                                        &ftl_request(Op::Write, r.offset, whole_start - r.offset),
-                                        now,
-                                    )
-                                    .map_err(|_| p::EINVAL)?,
-                            );
-                        }
-                        if whole_end < r.offset + length {
-                            done = done.max(
-                                state
-                                    .ftl
-                                    .submit(
-                                        &ftl_request(
-                                            Op::Write,
-                                            whole_end,
-                                            r.offset + length - whole_end,
-                                        ),
-                                        now,
-                                    )
-                                    .map_err(|_| p::EINVAL)?,
-                            );
-                        }
+                // Zeroes deallocate whole pages in the FTL (as TRIM) unless NO_HOLE asks for
+                // them to be written; partial pages at the ends are written either way.
+                let (offset, length) = (r.offset, u64::from(r.length));
+                let whole_start = offset.div_ceil(ps) * ps;
+                let whole_end = (offset + length) / ps * ps;
+                let pieces =
+                    if zeroes && r.flags & p::CMD_FLAG_NO_HOLE == 0 && whole_start < whole_end {
+                        vec![
+                            (Op::Write, offset, whole_start - offset),
+                            (Op::Trim, whole_start, whole_end - whole_start),
+                            (Op::Write, whole_end, offset + length - whole_end),
+                        ]
                     } else {
-                        done = state
-                            .ftl
-                            .submit(&ftl_request(Op::Write, r.offset, length), now)
-                            .map_err(|_| p::EINVAL)?;
-                    }
-                } else {
-                    done = state
-                        .ftl
-                        .submit(&ftl_request(Op::Write, r.offset, length), now)
-                        .map_err(|_| p::EINVAL)?;
+                        vec![(Op::Write, offset, length)]
+                    };
+                for (op, at, len) in pieces.into_iter().filter(|p| p.2 > 0) {
+                    done = done.max(state.submit(ftl_request(op, at, len), self.unix_start_ns)?);
                 }
                 if r.flags & p::CMD_FLAG_FUA != 0 {
-                    done = done.max(state.ftl.flush(done));
+                    done =
+                        done.max(state.submit(ftl_request(Op::Flush, 0, 0), self.unix_start_ns)?);
                 }
             }
             p::CMD_TRIM => {
@@ -262,13 +304,13 @@ impl Device {
                 for lpn in whole_start..whole_end {
                     self.store.trim(lpn);
                 }
-                done = state
-                    .ftl
-                    .submit(&ftl_request(Op::Trim, r.offset, u64::from(r.length)), now)
-                    .map_err(|_| p::EINVAL)?;
+                done = state.submit(
+                    ftl_request(Op::Trim, r.offset, u64::from(r.length)),
+                    self.unix_start_ns,
+                )?;
             }
             p::CMD_FLUSH => {
-                done = state.ftl.flush(now);
+                done = state.submit(ftl_request(Op::Flush, 0, 0), self.unix_start_ns)?;
             }
             _ => unreachable!("filtered above"),
         }

@@ -8,7 +8,7 @@ mod blkparse;
 mod disksim;
 mod fio;
 mod msr;
-mod nbdkit;
+pub mod nbdkit;
 
 use crate::request::Request;
 use std::fs::File;

@@ -107,6 +107,46 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// Proleptic Gregorian (year, month, day) of a day count since 1970-01-01, the inverse of
+/// [`days_from_civil`] (Howard Hinnant's `civil_from_days`).
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// One request line as nbdkit's log filter writes it, at `unix_ns` wall-clock time.
+pub fn format_line(
+    unix_ns: u64,
+    connection: u64,
+    verb: &str,
+    id: u64,
+    offset: u64,
+    count: u64,
+) -> String {
+    let secs = unix_ns / 1_000_000_000;
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    let head = format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:06} connection={connection} {verb} id={id}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        unix_ns % 1_000_000_000 / 1000
+    );
+    if verb == "Flush" {
+        format!("{head} ...")
+    } else {
+        format!("{head} offset={offset:#x} count={count:#x} ...")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +186,21 @@ mod tests {
                 .field,
             "date"
         );
+    }
+
+    #[test]
+    fn formatted_lines_parse_back() {
+        let ns = 1_795_000_000_123_456_000;
+        let line = format_line(ns, 1, "Write", 9, 0x2000, 0x1000);
+        let r = parse(&line).unwrap().unwrap();
+        assert_eq!(
+            (r.op, r.offset_bytes, r.length_bytes, r.arrival_ns),
+            (Op::Write, 0x2000, 0x1000, ns)
+        );
+        for z in [-1000, 0, 11_017, 20_778, 100_000] {
+            let (y, m, d) = civil_from_days(z);
+            assert_eq!(days_from_civil(y, m.into(), d.into()), z);
+        }
     }
 
     #[test]

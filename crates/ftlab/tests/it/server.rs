@@ -29,6 +29,7 @@ fn device() -> Arc<Device> {
                 export_name: "ftlab".into(),
                 latency: Latency::None,
                 codec: Codec::Lz4,
+                record: None,
             },
         )
         .unwrap(),

@@ -25,11 +25,16 @@ struct Server {
 
 impl Server {
     fn start(name: &str, logical_bytes: u64) -> Server {
+        Self::start_with(name, logical_bytes, &[])
+    }
+
+    fn start_with(name: &str, logical_bytes: u64, extra: &[&str]) -> Server {
         let socket = temp_dir(name).join("nbd.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_ftlab"))
             .args(["serve", "--no-tcp", "--unix"])
             .arg(&socket)
             .args(["--set", &format!("capacity.logical_bytes={logical_bytes}")])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -89,8 +94,27 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
     {
         return skip("fio with the nbd ioengine is not installed (apt-get install fio)");
     }
-    let size = 128u64 << 20;
-    let server = Server::start("fio", size);
+    // A device small enough for GC to run: 192 MiB of flash, 160 MiB exposed.
+    let size = 160u64 << 20;
+    let dir = temp_dir("fio-record");
+    let (record, stats) = (dir.join("record.log"), dir.join("stats.json"));
+    let device = [
+        "--set",
+        "flash.blocks_per_die=3",
+        "--set",
+        "flash.superblock_dies=1",
+    ];
+    let mut extra = device.to_vec();
+    let (record_s, stats_s) = (record.display().to_string(), stats.display().to_string());
+    extra.extend([
+        "--record",
+        &record_s,
+        "--stats",
+        &stats_s,
+        "--stats-interval",
+        "0.2",
+    ]);
+    let server = Server::start_with("fio", size, &extra);
     for rw in ["randwrite", "randrw"] {
         let out = run(Command::new("fio")
             .args(["--name=verify", "--ioengine=nbd", "--bs=4k", "--iodepth=16"])
@@ -108,6 +132,37 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
     }
     let summary = server.stop();
     assert!(summary.contains("WAF"), "{summary}");
+    // The server's own statistics against a replay of what it recorded.
+    let live: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(
+        live["gc_write_pages"].as_u64().unwrap() > 0,
+        "GC ran: {live}"
+    );
+    let replay = run(Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["sim", "--trace"])
+        .arg(&record)
+        .args(["--set", &format!("capacity.logical_bytes={size}")])
+        .args(device)
+        .args(["--json"])
+        .arg(dir.join("replay.json")));
+    let replayed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("replay.json")).unwrap()).unwrap();
+    for key in [
+        "host_write_pages",
+        "nand_write_pages",
+        "gc_write_pages",
+        "erases",
+    ] {
+        assert_eq!(
+            live[key], replayed[key],
+            "{key}: server vs replay\n{replay}"
+        );
+    }
+    assert_eq!(
+        live["waf"].as_f64().unwrap(),
+        replayed["waf"].as_f64().unwrap()
+    );
 }
 
 fn real_data_file(path: &Path, bytes: usize) {
