@@ -10,8 +10,9 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Which benchmarks: steady (4 and 64 GiB steady-state random writes), replay (DiskSim
-    /// trace replay), all (both), or store (the compressed page store, separately).
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "store"])]
+    /// trace replay), all (both); store (the compressed page store) and serve (ftlab serve
+    /// against nbdkit memory, with fio) separately.
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "store", "serve"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -19,6 +20,9 @@ pub struct BenchArgs {
     /// store: pages of real files taken from each corpus directory.
     #[arg(long, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
+    /// serve: seconds each fio job runs.
+    #[arg(long, default_value_t = 10)]
+    seconds: u32,
     /// store: corpus directories (comma-separated).
     #[arg(
         long,
@@ -159,6 +163,9 @@ fn replay(args: &BenchArgs) -> Result<()> {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.which == "serve" {
+        return crate::bench_serve::run(machine(), args.seconds);
+    }
     if args.which == "store" {
         let dirs: Vec<&str> = args.dirs.iter().map(String::as_str).collect();
         return crate::bench_store::run(

@@ -242,10 +242,22 @@ impl Device {
             p::CMD_READ => {
                 out.clear();
                 out.reserve(r.length as usize);
+                // Whole pages in one parallel batch, straight into the reply; partial pages at
+                // the ends through a page buffer.
+                let (whole_first, whole_end) = whole_pages(r.offset, u64::from(r.length), ps);
                 for lpn in first..last_excl {
-                    self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
-                    let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
-                    out.extend_from_slice(&page[a..b]);
+                    if lpn == whole_first && whole_end - whole_first >= 8 {
+                        let lpns: Vec<u64> = (whole_first..whole_end).collect();
+                        let at = out.len();
+                        out.resize(at + lpns.len() * self.page_bytes, 0);
+                        self.store
+                            .read_batch(&lpns, &mut out[at..])
+                            .map_err(|_| p::EIO)?;
+                    } else if lpn < whole_first || lpn >= whole_end || whole_end - whole_first < 8 {
+                        self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
+                        let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
+                        out.extend_from_slice(&page[a..b]);
+                    }
                 }
                 done = state.submit(
                     ftl_request(Op::Read, r.offset, u64::from(r.length)),
@@ -255,15 +267,25 @@ impl Device {
             p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
                 let zeroes = r.command == p::CMD_WRITE_ZEROES;
                 let mut at = 0usize;
+                let (whole_first, whole_end) = whole_pages(r.offset, u64::from(r.length), ps);
                 for lpn in first..last_excl {
                     let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
                     let whole = b - a == self.page_bytes;
                     if zeroes && whole {
                         self.store.trim(lpn);
                     } else if whole {
-                        self.store
-                            .write(lpn, &payload[at..at + self.page_bytes])
-                            .map_err(|_| p::EIO)?;
+                        // The whole pages go as one batch, compressed in parallel.
+                        if whole_end - whole_first < 8 {
+                            self.store
+                                .write(lpn, &payload[at..at + self.page_bytes])
+                                .map_err(|_| p::EIO)?;
+                        } else if lpn == whole_first {
+                            let lpns: Vec<u64> = (whole_first..whole_end).collect();
+                            let bytes = lpns.len() * self.page_bytes;
+                            self.store
+                                .write_batch(&lpns, &payload[at..at + bytes])
+                                .map_err(|_| p::EIO)?;
+                        }
                     } else {
                         self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
                         if zeroes {
@@ -316,6 +338,13 @@ impl Device {
         }
         Ok(done - now)
     }
+}
+
+/// The pages [first, end) that [offset, offset + length) covers entirely.
+fn whole_pages(offset: u64, length: u64, page_bytes: u64) -> (u64, u64) {
+    let first = offset.div_ceil(page_bytes);
+    let end = (offset + length) / page_bytes;
+    (first, end.max(first))
 }
 
 /// The byte range [a, b) of page `lpn` that the request [offset, offset + length) covers.

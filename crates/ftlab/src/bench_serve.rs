@@ -1,0 +1,117 @@
+//! `ftlab bench serve`: `ftlab serve` (FTL model on, `--latency none`) against `nbdkit memory`
+//! of the same size, both driven by fio's NBD engine in the same run.
+
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(socket: &Path) -> Result<()> {
+    for _ in 0..500 {
+        if socket.exists() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    anyhow::bail!("{} did not appear", socket.display())
+}
+
+/// (IOPS, MB/s) of one fio job.
+fn fio(uri: &str, rw: &str, bs: &str, iodepth: u32, size: u64, seconds: u32) -> Result<(f64, f64)> {
+    let out = Command::new("fio")
+        .args([
+            "--name=bench",
+            "--ioengine=nbd",
+            "--output-format=json",
+            "--time_based",
+        ])
+        .arg(format!("--uri={uri}"))
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--iodepth={iodepth}"))
+        .arg(format!("--size={size}"))
+        .arg(format!("--runtime={seconds}"))
+        .output()
+        .context("running fio (apt-get install fio)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "fio failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json_start = text.find('{').context("no JSON in fio's output")?;
+    let v: serde_json::Value = serde_json::from_str(&text[json_start..])?;
+    let job = &v["jobs"][0];
+    let side = if rw.contains("read") {
+        &job["read"]
+    } else {
+        &job["write"]
+    };
+    Ok((
+        side["iops"].as_f64().unwrap_or(0.0),
+        side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+    ))
+}
+
+pub fn run(machine: String, seconds: u32) -> Result<()> {
+    let dir = PathBuf::from(std::env::temp_dir())
+        .join(format!("ftlab-bench-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let size: u64 = 1 << 30;
+    let ftlab_sock = dir.join("ftlab.sock");
+    let nbdkit_sock = dir.join("nbdkit.sock");
+    let exe = std::env::current_exe()?;
+    let _ftlab = Proc(
+        Command::new(&exe)
+            .args(["serve", "--no-tcp", "--latency", "none", "--unix"])
+            .arg(&ftlab_sock)
+            .args(["--set", &format!("capacity.logical_bytes={size}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting ftlab serve")?,
+    );
+    let _nbdkit = Proc(
+        Command::new("nbdkit")
+            .args(["--foreground", "--unix"])
+            .arg(&nbdkit_sock)
+            .args(["memory", &size.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting nbdkit (apt-get install nbdkit)")?,
+    );
+    wait_for(&ftlab_sock)?;
+    wait_for(&nbdkit_sock)?;
+    let ftlab_uri = format!("nbd+unix:///ftlab?socket={}", ftlab_sock.display());
+    let nbdkit_uri = format!("nbd+unix:///?socket={}", nbdkit_sock.display());
+    println!("ftlab bench serve on {machine}: fio --ioengine=nbd, {seconds} s a job, 1 GiB export");
+    println!("| job | ftlab serve (FTL on, --latency none) | nbdkit memory | ratio |");
+    println!("|---|---|---|---|");
+    for (name, rw, bs, qd) in [
+        ("4 KiB randwrite QD32", "randwrite", "4k", 32),
+        ("4 KiB randread QD32", "randread", "4k", 32),
+        ("1 MiB sequential write", "write", "1m", 8),
+    ] {
+        let (fi, fb) = fio(&ftlab_uri, rw, bs, qd, size, seconds)?;
+        let (ni, nb) = fio(&nbdkit_uri, rw, bs, qd, size, seconds)?;
+        println!(
+            "| {name} | {fi:.0} IOPS, {fb:.0} MB/s | {ni:.0} IOPS, {nb:.0} MB/s | {:.2} |",
+            fi / ni.max(1.0)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
