@@ -2,7 +2,7 @@
 //! of the same size, both driven by fio's NBD engine in the same run.
 
 use anyhow::{Context, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -66,8 +66,7 @@ fn fio(uri: &str, rw: &str, bs: &str, iodepth: u32, size: u64, seconds: u32) -> 
 }
 
 pub fn run(machine: String, seconds: u32) -> Result<()> {
-    let dir = PathBuf::from(std::env::temp_dir())
-        .join(format!("ftlab-bench-serve-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("ftlab-bench-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let size: u64 = 1 << 30;
     let ftlab_sock = dir.join("ftlab.sock");
