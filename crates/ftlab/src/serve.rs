@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// --trace FILE`).
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Load the device's bytes from this raw image at start (when it exists) and save them back
+    /// at a clean shutdown (SIGINT/SIGTERM). Nothing is saved if the process dies otherwise.
+    #[arg(long)]
+    image: Option<PathBuf>,
     /// Rewrite this JSON file with live statistics every --stats-interval seconds.
     #[arg(long)]
     stats: Option<PathBuf>,
@@ -76,6 +80,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         )
         .map_err(anyhow::Error::msg)?,
     );
+    if let Some(image) = &args.image {
+        if image.exists() {
+            let pages = device.load_image(image).map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "ftlab serve: loaded {pages} non-zero pages from {}",
+                image.display()
+            );
+        }
+    }
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -157,6 +170,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     device.finish().map_err(anyhow::Error::msg)?;
+    if let Some(image) = &args.image {
+        device.save_image(image).map_err(anyhow::Error::msg)?;
+        eprintln!("ftlab serve: saved the device to {}", image.display());
+    }
     if let Some(path) = &args.stats {
         write_stats(&device, path)?;
     }

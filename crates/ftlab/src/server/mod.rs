@@ -144,6 +144,81 @@ impl Device {
         self.store.stats()
     }
 
+    /// Loads a raw image (as `save_image` writes it) into the store, and into the FTL model as
+    /// writes whose counters are then cleared: the session's figures cover client I/O only.
+    /// All-zero pages are not stored. Returns the pages loaded.
+    pub fn load_image(&self, path: &std::path::Path) -> Result<u64, String> {
+        let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let len = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .len();
+        if len > self.size_bytes || len % self.page_bytes as u64 != 0 {
+            return Err(format!(
+                "{}: {len} bytes, not whole {}-byte pages within the {}-byte export",
+                path.display(),
+                self.page_bytes,
+                self.size_bytes
+            ));
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let chunk_pages = 256;
+        let mut buf = vec![0u8; chunk_pages * self.page_bytes];
+        let mut loaded = 0u64;
+        let mut lpn = 0u64;
+        let total = len / self.page_bytes as u64;
+        while lpn < total {
+            let n = (total - lpn).min(chunk_pages as u64) as usize;
+            let bytes = &mut buf[..n * self.page_bytes];
+            file.read_exact(bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            for (i, page) in bytes.chunks(self.page_bytes).enumerate() {
+                if page.iter().all(|&b| b == 0) {
+                    continue;
+                }
+                let l = lpn + i as u64;
+                self.store.write(l, page).map_err(|e| e.to_string())?;
+                let request = FtlRequest {
+                    arrival_ns: 0,
+                    op: Op::Write,
+                    offset_bytes: l * self.page_bytes as u64,
+                    length_bytes: self.page_bytes as u64,
+                    stream: 0,
+                };
+                state.ftl.submit(&request, 0).map_err(|e| e.to_string())?;
+                loaded += 1;
+            }
+            lpn += n as u64;
+        }
+        state.ftl.flush(0);
+        state.ftl.reset_stats();
+        Ok(loaded)
+    }
+
+    /// Writes every page to `path` as a raw image the size of the export (zero pages as holes).
+    pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
+        use std::io::{Seek, SeekFrom};
+        let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let tmp = path.with_extension("tmp");
+        let mut file =
+            std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        file.set_len(self.size_bytes)
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let mut page = vec![0u8; self.page_bytes];
+        for lpn in 0..self.size_bytes / self.page_bytes as u64 {
+            self.store.read(lpn, &mut page).map_err(|e| e.to_string())?;
+            if page.iter().any(|&b| b != 0) {
+                file.seek(SeekFrom::Start(lpn * self.page_bytes as u64))
+                    .and_then(|_| file.write_all(&page))
+                    .map_err(|e| format!("{}: {e}", tmp.display()))?;
+            }
+        }
+        file.sync_all()
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(())
+    }
+
     /// The live statistics: the simulator's counters and the store's mm_stat fields.
     pub fn stats_json(&self) -> serde_json::Value {
         let (requests, ftl) = {

@@ -294,3 +294,43 @@ fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
         std::panic::resume_unwind(e);
     }
 }
+
+#[test]
+fn image_saved_at_shutdown_is_loaded_at_the_next_start() {
+    if !have("qemu-io") {
+        return skip("qemu-io is not installed (apt-get install qemu-utils)");
+    }
+    let dir = temp_dir("image");
+    let image = dir.join("ssd.img");
+    let image_s = image.display().to_string();
+    let size = 64u64 << 20;
+    let server = Server::start_with("image-1", size, &["--image", &image_s]);
+    run(Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x77 12345 100000",
+            "-c",
+            "write -P 0x11 60000000 4096",
+        ])
+        .arg(server.uri()));
+    server.stop();
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), size);
+    let server = Server::start_with("image-2", size, &["--image", &image_s]);
+    let out = run(Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x77 12345 100000",
+            "-c",
+            "read -P 0x11 60000000 4096",
+        ])
+        .args(["-c", "read -P 0 0 12345"])
+        .arg(server.uri()));
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    let summary = server.stop();
+    // Loading is not client I/O: the second session wrote nothing.
+    assert!(summary.contains("host write pages 0,"), "{summary}");
+}
