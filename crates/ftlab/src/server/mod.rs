@@ -444,7 +444,7 @@ fn send<W: Write>(w: &mut W, bytes: &[u8]) -> Result<(), String> {
 /// Serves one client from handshake to disconnect. `Ok` for an orderly end (ABORT, DISC or
 /// end of stream between requests); `Err` with the reason when the connection had to be closed
 /// for a protocol violation.
-pub fn serve_connection<R: Read, W: Write>(
+pub fn serve_connection<R: Read, W: Write + Send>(
     device: &Device,
     reader: R,
     writer: W,
@@ -542,7 +542,42 @@ pub fn serve_connection<R: Read, W: Write>(
         w.flush().map_err(|e| e.to_string())?;
     }
     w.flush().map_err(|e| e.to_string())?;
-    // Transmission.
+    // Transmission: replies leave at once, or (latency emulation) when their simulated
+    // completion is due, from a writer thread, so requests in flight overlap as on a device.
+    if device.options.latency == Latency::None {
+        transmission(device, &mut r, |reply, _, more_pending| {
+            send(&mut w, &reply)?;
+            // Reply now unless the next request is already waiting (pipelined clients).
+            if !more_pending {
+                w.flush().map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })?;
+        w.flush().map_err(|e| e.to_string())
+    } else {
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+            let writer = scope.spawn(move || deliver_when_due(rx, w));
+            let result = transmission(device, &mut r, |reply, hold, _| {
+                tx.send((Instant::now() + hold, reply))
+                    .map_err(|_| "reply writer stopped".to_string())
+            });
+            drop(tx);
+            let written = writer
+                .join()
+                .unwrap_or_else(|_| Err("reply writer panicked".into()));
+            result.and(written)
+        })
+    }
+}
+
+/// Reads and executes requests until DISC or end of stream; hands each reply to `deliver` with
+/// how long to hold it and whether more requests are already buffered.
+fn transmission<R: Read>(
+    device: &Device,
+    r: &mut BufReader<R>,
+    mut deliver: impl FnMut(Vec<u8>, Duration, bool) -> Result<(), String>,
+) -> Result<(), String> {
     let mut payload = Vec::new();
     let mut out = Vec::new();
     loop {
@@ -554,7 +589,6 @@ pub fn serve_connection<R: Read, W: Write>(
         }
         let request = p::parse_request(&h)?;
         if request.command == p::CMD_DISC {
-            w.flush().map_err(|e| e.to_string())?;
             return Ok(());
         }
         payload.clear();
@@ -567,34 +601,81 @@ pub fn serve_connection<R: Read, W: Write>(
                 ));
             }
             payload.resize(request.length as usize, 0);
-            read_exact(&mut r, &mut payload, "write payload")?;
+            read_exact(r, &mut payload, "write payload")?;
         }
         let result = if request.length > p::MAX_REQUEST_BYTES {
             Err(p::EINVAL)
         } else {
             device.execute(&request, &payload, &mut out)
         };
-        match result {
+        let (reply, hold) = match result {
             Ok(latency_ns) => {
-                let hold = match device.options.latency {
+                let hold_ns = match device.options.latency {
                     Latency::None => 0.0,
                     Latency::Real => latency_ns as f64,
                     Latency::Scaled(x) => latency_ns as f64 * x,
                 };
-                if hold > 0.0 {
-                    w.flush().map_err(|e| e.to_string())?;
-                    std::thread::sleep(Duration::from_nanos(hold as u64));
-                }
-                send(&mut w, &p::simple_reply_header(0, request.cookie))?;
+                let mut reply = p::simple_reply_header(0, request.cookie).to_vec();
                 if request.command == p::CMD_READ {
-                    send(&mut w, &out)?;
+                    reply.extend_from_slice(&out);
+                }
+                (reply, Duration::from_nanos(hold_ns as u64))
+            }
+            Err(errno) => (
+                p::simple_reply_header(errno, request.cookie).to_vec(),
+                Duration::ZERO,
+            ),
+        };
+        deliver(reply, hold, !r.buffer().is_empty())?;
+    }
+}
+
+/// Writes each reply when it is due (earliest first), until the sender is gone and every
+/// reply is out.
+fn deliver_when_due<W: Write>(
+    rx: std::sync::mpsc::Receiver<(Instant, Vec<u8>)>,
+    mut w: BufWriter<W>,
+) -> Result<(), String> {
+    use std::cmp::Reverse;
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut due: std::collections::BinaryHeap<Reverse<(Instant, u64, Vec<u8>)>> =
+        std::collections::BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut open = true;
+    loop {
+        let now = Instant::now();
+        let mut wrote = false;
+        while due.peek().is_some_and(|Reverse((at, _, _))| *at <= now) {
+            let Reverse((_, _, reply)) = due.pop().expect("peeked");
+            send(&mut w, &reply)?;
+            wrote = true;
+        }
+        if wrote {
+            w.flush().map_err(|e| e.to_string())?;
+        }
+        let next = due
+            .peek()
+            .map(|Reverse((at, _, _))| at.saturating_duration_since(now));
+        if !open {
+            match next {
+                None => return Ok(()),
+                Some(wait) => {
+                    std::thread::sleep(wait);
+                    continue;
                 }
             }
-            Err(errno) => send(&mut w, &p::simple_reply_header(errno, request.cookie))?,
         }
-        // Reply now unless the next request is already waiting (pipelined clients).
-        if r.buffer().is_empty() {
-            w.flush().map_err(|e| e.to_string())?;
+        let received = match next {
+            Some(wait) => rx.recv_timeout(wait),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match received {
+            Ok((at, reply)) => {
+                seq += 1;
+                due.push(Reverse((at, seq, reply)));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => open = false,
         }
     }
 }

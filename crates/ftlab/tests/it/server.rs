@@ -14,6 +14,10 @@ use std::sync::Arc;
 const SIZE: u64 = 64 << 20;
 
 fn device() -> Arc<Device> {
+    device_with(Latency::None)
+}
+
+fn device_with(latency: Latency) -> Arc<Device> {
     let c = config(
         "femu",
         &[
@@ -27,7 +31,7 @@ fn device() -> Arc<Device> {
             &c,
             DeviceOptions {
                 export_name: "ftlab".into(),
-                latency: Latency::None,
+                latency,
                 codec: Codec::Lz4,
                 record: None,
             },
@@ -369,4 +373,48 @@ fn qemu_io_writes_patterns_at_odd_offsets_and_reads_them_back() {
     assert!(!stdout.contains("Pattern verification failed"), "{stdout}");
     assert_eq!(stdout.matches("read ").count(), 6, "{stdout}");
     assert!(status.success());
+}
+
+#[test]
+fn real_latency_holds_replies_for_the_simulated_time_and_overlaps_requests_in_flight() {
+    // femu timing: a page program takes 200 us; superblocks of one die each here.
+    let device = device_with(Latency::Real);
+    let (mut c, _h) = Client::open(&device);
+    let t = std::time::Instant::now();
+    assert_eq!(c.request(p::CMD_WRITE, 0, 0, 4096, &[1u8; 4096]).0, 0);
+    let one = t.elapsed();
+    assert!(
+        one >= std::time::Duration::from_micros(200),
+        "replied after {one:?}"
+    );
+    // 32 writes in flight: pages of the open superblock sit on one die, so the device takes
+    // 32 x 200 us; the client sees the last reply after about that long, not 32 round trips
+    // of sleeping one after another (which would be 1 + 2 + ... + 32 x 200 us).
+    let t = std::time::Instant::now();
+    let mut m = Vec::new();
+    for i in 0..32u64 {
+        m.extend_from_slice(&p::REQUEST_MAGIC.to_be_bytes());
+        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&p::CMD_WRITE.to_be_bytes());
+        m.extend_from_slice(&(100 + i).to_be_bytes());
+        m.extend_from_slice(&((i + 1) * 4096).to_be_bytes());
+        m.extend_from_slice(&4096u32.to_be_bytes());
+        m.extend_from_slice(&[2u8; 4096]);
+    }
+    c.s.write_all(&m).unwrap();
+    let mut cookies = Vec::new();
+    for _ in 0..32 {
+        let mut h = [0u8; 16];
+        c.s.read_exact(&mut h).unwrap();
+        assert_eq!(u32::from_be_bytes(h[4..8].try_into().unwrap()), 0);
+        cookies.push(u64::from_be_bytes(h[8..].try_into().unwrap()));
+    }
+    let all = t.elapsed();
+    cookies.sort_unstable();
+    assert_eq!(cookies, (100..132).collect::<Vec<u64>>());
+    assert!(all >= std::time::Duration::from_micros(32 * 200), "{all:?}");
+    assert!(
+        all < std::time::Duration::from_millis(60),
+        "replies did not overlap: {all:?}"
+    );
 }
