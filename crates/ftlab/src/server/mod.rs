@@ -1,6 +1,7 @@
 //! `ftlab serve`: the emulated SSD as an NBD server. Every request goes through the FTL core (so
 //! WAF, GC and latency are accounted as in replay) and its bytes live in the compressed page
-//! store. Blocking I/O, one thread per connection.
+//! store. Blocking I/O: a thread per connection reads requests, two workers per connection
+//! execute them (replies may leave out of order, as NBD allows).
 //!
 //! Owns: sockets, the NBD handshake and transmission phases, wall-clock to simulated-time
 //! mapping, latency emulation. Does not know: FTL internals (it calls `Ftl::submit`) or how the
@@ -90,10 +91,13 @@ impl State {
     }
 }
 
-/// The emulated SSD: FTL model and page store behind one lock (requests are applied one at a
-/// time, so a partial-page write's read-modify-write never races another connection's).
+/// The emulated SSD: the page store (thread-safe per page; partial-page read-modify-writes
+/// serialised by their own lock) and the FTL model behind the device lock, applied in the order
+/// requests reach it.
 pub struct Device {
     state: Mutex<State>,
+    /// Serialises read-modify-writes of partial pages.
+    rmw: Mutex<()>,
     store: PageStore,
     size_bytes: u64,
     page_bytes: usize,
@@ -119,6 +123,7 @@ impl Device {
             None => None,
         };
         Ok(Device {
+            rmw: Mutex::new(()),
             state: Mutex::new(State {
                 ftl: Ftl::new(config, FlatMapping::new(geometry.logical_pages)),
                 requests: 0,
@@ -280,81 +285,63 @@ impl Device {
     }
 
     /// Applies one command; fills `out` for reads. Returns the simulated latency in ns.
+    ///
+    /// The data phase runs without the device lock (the store is thread-safe per page), so
+    /// requests in flight compress and decompress in parallel; only partial pages take the
+    /// read-modify-write lock. As NBD allows, overlapping requests in flight at the same time
+    /// are not ordered. The model phase (FTL and record) runs under the device lock.
     fn execute(&self, r: &p::Request, payload: &[u8], out: &mut Vec<u8>) -> Result<u64, Errno> {
-        let end = r.offset.checked_add(u64::from(r.length));
-        let in_range = end.is_some_and(|e| e <= self.size_bytes);
         let ps = self.page_bytes as u64;
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.requests += 1;
-        let now = self.now_ns();
-        let op = match r.command {
-            p::CMD_READ => Op::Read,
-            p::CMD_WRITE => Op::Write,
-            p::CMD_FLUSH => Op::Flush,
-            p::CMD_TRIM => Op::Trim,
-            p::CMD_WRITE_ZEROES => Op::Write,
+        let (offset, length) = (r.offset, u64::from(r.length));
+        let in_range = offset
+            .checked_add(length)
+            .is_some_and(|e| e <= self.size_bytes);
+        match r.command {
+            p::CMD_READ | p::CMD_TRIM if !in_range => return Err(p::EINVAL),
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES if !in_range => return Err(p::ENOSPC),
+            p::CMD_READ | p::CMD_TRIM | p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_FLUSH => {}
             _ => return Err(p::EINVAL),
-        };
-        if op != Op::Flush && !in_range {
-            return Err(if op == Op::Write {
-                p::ENOSPC
-            } else {
-                p::EINVAL
-            });
         }
+        let first = offset / ps;
+        let last_excl = (offset + length).div_ceil(ps);
+        let (whole_first, whole_end) = whole_pages(offset, length, ps);
+        let batched = whole_end - whole_first >= 8;
         let mut page = vec![0u8; self.page_bytes];
-        let first = r.offset / ps;
-        let last_excl = (r.offset + u64::from(r.length)).div_ceil(ps);
-        let ftl_request = |op: Op, offset: u64, length: u64| FtlRequest {
-            arrival_ns: now,
-            op,
-            offset_bytes: offset,
-            length_bytes: length,
-            stream: 0,
-        };
-        let mut done = now;
+        // Data phase.
         match r.command {
             p::CMD_READ => {
                 out.clear();
                 out.reserve(r.length as usize);
-                // Whole pages in one parallel batch, straight into the reply; partial pages at
-                // the ends through a page buffer.
-                let (whole_first, whole_end) = whole_pages(r.offset, u64::from(r.length), ps);
                 for lpn in first..last_excl {
-                    if lpn == whole_first && whole_end - whole_first >= 8 {
+                    if batched && lpn == whole_first {
+                        // Whole pages in one parallel batch, straight into the reply.
                         let lpns: Vec<u64> = (whole_first..whole_end).collect();
                         let at = out.len();
                         out.resize(at + lpns.len() * self.page_bytes, 0);
                         self.store
                             .read_batch(&lpns, &mut out[at..])
                             .map_err(|_| p::EIO)?;
-                    } else if lpn < whole_first || lpn >= whole_end || whole_end - whole_first < 8 {
+                    } else if !batched || lpn < whole_first || lpn >= whole_end {
                         self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
-                        let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
+                        let (a, b) = covered(lpn, ps, offset, length);
                         out.extend_from_slice(&page[a..b]);
                     }
                 }
-                done = state.submit(
-                    ftl_request(Op::Read, r.offset, u64::from(r.length)),
-                    self.unix_start_ns,
-                )?;
             }
             p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
                 let zeroes = r.command == p::CMD_WRITE_ZEROES;
                 let mut at = 0usize;
-                let (whole_first, whole_end) = whole_pages(r.offset, u64::from(r.length), ps);
                 for lpn in first..last_excl {
-                    let (a, b) = covered(lpn, ps, r.offset, u64::from(r.length));
-                    let whole = b - a == self.page_bytes;
-                    if zeroes && whole {
-                        self.store.trim(lpn);
-                    } else if whole {
-                        // The whole pages go as one batch, compressed in parallel.
-                        if whole_end - whole_first < 8 {
+                    let (a, b) = covered(lpn, ps, offset, length);
+                    if b - a == self.page_bytes {
+                        if zeroes {
+                            self.store.trim(lpn);
+                        } else if !batched {
                             self.store
                                 .write(lpn, &payload[at..at + self.page_bytes])
                                 .map_err(|_| p::EIO)?;
                         } else if lpn == whole_first {
+                            // The whole pages go as one batch, compressed in parallel.
                             let lpns: Vec<u64> = (whole_first..whole_end).collect();
                             let bytes = lpns.len() * self.page_bytes;
                             self.store
@@ -362,6 +349,7 @@ impl Device {
                                 .map_err(|_| p::EIO)?;
                         }
                     } else {
+                        let _rmw = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
                         self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
                         if zeroes {
                             page[a..b].fill(0);
@@ -372,44 +360,53 @@ impl Device {
                     }
                     at += b - a;
                 }
-                // Zeroes deallocate whole pages in the FTL (as TRIM) unless NO_HOLE asks for
-                // them to be written; partial pages at the ends are written either way.
-                let (offset, length) = (r.offset, u64::from(r.length));
-                let whole_start = offset.div_ceil(ps) * ps;
-                let whole_end = (offset + length) / ps * ps;
-                let pieces =
-                    if zeroes && r.flags & p::CMD_FLAG_NO_HOLE == 0 && whole_start < whole_end {
-                        vec![
-                            (Op::Write, offset, whole_start - offset),
-                            (Op::Trim, whole_start, whole_end - whole_start),
-                            (Op::Write, whole_end, offset + length - whole_end),
-                        ]
-                    } else {
-                        vec![(Op::Write, offset, length)]
-                    };
-                for (op, at, len) in pieces.into_iter().filter(|p| p.2 > 0) {
-                    done = done.max(state.submit(ftl_request(op, at, len), self.unix_start_ns)?);
-                }
-                if r.flags & p::CMD_FLAG_FUA != 0 {
-                    done =
-                        done.max(state.submit(ftl_request(Op::Flush, 0, 0), self.unix_start_ns)?);
-                }
             }
             p::CMD_TRIM => {
-                let whole_start = r.offset.div_ceil(ps);
-                let whole_end = (r.offset + u64::from(r.length)) / ps;
-                for lpn in whole_start..whole_end {
+                for lpn in whole_first..whole_end {
                     self.store.trim(lpn);
                 }
-                done = state.submit(
-                    ftl_request(Op::Trim, r.offset, u64::from(r.length)),
-                    self.unix_start_ns,
-                )?;
             }
-            p::CMD_FLUSH => {
-                done = state.submit(ftl_request(Op::Flush, 0, 0), self.unix_start_ns)?;
+            _ => {}
+        }
+        // Model phase.
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.requests += 1;
+        let now = self.now_ns();
+        let piece = |op: Op, offset: u64, length: u64| FtlRequest {
+            arrival_ns: now,
+            op,
+            offset_bytes: offset,
+            length_bytes: length,
+            stream: 0,
+        };
+        let pieces = match r.command {
+            p::CMD_READ => vec![piece(Op::Read, offset, length)],
+            p::CMD_TRIM => vec![piece(Op::Trim, offset, length)],
+            p::CMD_FLUSH => vec![piece(Op::Flush, 0, 0)],
+            // Zeroes deallocate whole pages in the FTL (as TRIM) unless NO_HOLE asks for them
+            // to be written; partial pages at the ends are written either way.
+            p::CMD_WRITE_ZEROES
+                if r.flags & p::CMD_FLAG_NO_HOLE == 0 && whole_first < whole_end =>
+            {
+                let (a, b) = (whole_first * ps, whole_end * ps);
+                vec![
+                    piece(Op::Write, offset, a - offset),
+                    piece(Op::Trim, a, b - a),
+                    piece(Op::Write, b, offset + length - b),
+                ]
             }
-            _ => unreachable!("filtered above"),
+            _ => vec![piece(Op::Write, offset, length)],
+        };
+        let mut done = now;
+        for request in pieces
+            .into_iter()
+            .filter(|q| q.op == Op::Flush || q.length_bytes > 0)
+        {
+            done = done.max(state.submit(request, self.unix_start_ns)?);
+        }
+        let writes = matches!(r.command, p::CMD_WRITE | p::CMD_WRITE_ZEROES);
+        if writes && r.flags & p::CMD_FLAG_FUA != 0 {
+            done = done.max(state.submit(piece(Op::Flush, 0, 0), self.unix_start_ns)?);
         }
         Ok(done - now)
     }
@@ -444,7 +441,7 @@ fn send<W: Write>(w: &mut W, bytes: &[u8]) -> Result<(), String> {
 /// Serves one client from handshake to disconnect. `Ok` for an orderly end (ABORT, DISC or
 /// end of stream between requests); `Err` with the reason when the connection had to be closed
 /// for a protocol violation.
-pub fn serve_connection<R: Read, W: Write + Send>(
+pub fn serve_connection<R: Read + Send, W: Write + Send>(
     device: &Device,
     reader: R,
     writer: W,
@@ -545,20 +542,17 @@ pub fn serve_connection<R: Read, W: Write + Send>(
     // Transmission: replies leave at once, or (latency emulation) when their simulated
     // completion is due, from a writer thread, so requests in flight overlap as on a device.
     if device.options.latency == Latency::None {
-        transmission(device, &mut r, |reply, _, more_pending| {
-            send(&mut w, &reply)?;
-            // Reply now unless the next request is already waiting (pipelined clients).
-            if !more_pending {
-                w.flush().map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        })?;
-        w.flush().map_err(|e| e.to_string())
+        let w = Mutex::new(w);
+        transmission(device, &mut r, |reply, _| {
+            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+            send(&mut *w, &reply)?;
+            w.flush().map_err(|e| e.to_string())
+        })
     } else {
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
             let writer = scope.spawn(move || deliver_when_due(rx, w));
-            let result = transmission(device, &mut r, |reply, hold, _| {
+            let result = transmission(device, &mut r, |reply, hold| {
                 tx.send((Instant::now() + hold, reply))
                     .map_err(|_| "reply writer stopped".to_string())
             });
@@ -571,16 +565,53 @@ pub fn serve_connection<R: Read, W: Write + Send>(
     }
 }
 
-/// Reads and executes requests until DISC or end of stream; hands each reply to `deliver` with
-/// how long to hold it and whether more requests are already buffered.
-fn transmission<R: Read>(
+/// Workers per connection executing requests: enough to keep both cores compressing while the
+/// connection's thread reads the next request.
+const WORKERS_PER_CONNECTION: usize = 2;
+
+/// Reads requests until DISC or end of stream and executes them on a few worker threads, several
+/// in flight at once (NBD replies carry the request's cookie, so they may leave in any order);
+/// hands each reply to `deliver` with how long to hold it. Returns once every request read has
+/// been answered.
+fn transmission<R: Read + Send>(
     device: &Device,
     r: &mut BufReader<R>,
-    mut deliver: impl FnMut(Vec<u8>, Duration, bool) -> Result<(), String>,
+    deliver: impl Fn(Vec<u8>, Duration) -> Result<(), String> + Sync,
 ) -> Result<(), String> {
-    let mut payload = Vec::new();
-    let mut out = Vec::new();
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    let (tx, rx) = std::sync::mpsc::channel::<(p::Request, Vec<u8>)>();
+    let rx = Mutex::new(rx);
+    let read_result = std::thread::scope(|scope| {
+        for _ in 0..WORKERS_PER_CONNECTION {
+            scope.spawn(|| {
+                let mut out = Vec::new();
+                loop {
+                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok((request, payload)) = job else { return };
+                    let reply = answer(device, &request, &payload, &mut out);
+                    if let Err(e) = deliver(reply.0, reply.1) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    }
+                }
+            });
+        }
+        let result = read_requests(r, &failed, &tx);
+        drop(tx);
+        result
+    });
+    let delivery = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    read_result.and(delivery.map_or(Ok(()), Err))
+}
+
+fn read_requests<R: Read>(
+    r: &mut BufReader<R>,
+    failed: &Mutex<Option<String>>,
+    tx: &std::sync::mpsc::Sender<(p::Request, Vec<u8>)>,
+) -> Result<(), String> {
     loop {
+        if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            return Ok(());
+        }
         let mut h = [0u8; 28];
         match r.read_exact(&mut h) {
             Ok(()) => {}
@@ -591,7 +622,7 @@ fn transmission<R: Read>(
         if request.command == p::CMD_DISC {
             return Ok(());
         }
-        payload.clear();
+        let mut payload = Vec::new();
         if request.command == p::CMD_WRITE {
             if request.length > p::MAX_REQUEST_BYTES {
                 return Err(format!(
@@ -603,30 +634,40 @@ fn transmission<R: Read>(
             payload.resize(request.length as usize, 0);
             read_exact(r, &mut payload, "write payload")?;
         }
-        let result = if request.length > p::MAX_REQUEST_BYTES {
-            Err(p::EINVAL)
-        } else {
-            device.execute(&request, &payload, &mut out)
-        };
-        let (reply, hold) = match result {
-            Ok(latency_ns) => {
-                let hold_ns = match device.options.latency {
-                    Latency::None => 0.0,
-                    Latency::Real => latency_ns as f64,
-                    Latency::Scaled(x) => latency_ns as f64 * x,
-                };
-                let mut reply = p::simple_reply_header(0, request.cookie).to_vec();
-                if request.command == p::CMD_READ {
-                    reply.extend_from_slice(&out);
-                }
-                (reply, Duration::from_nanos(hold_ns as u64))
+        tx.send((request, payload))
+            .map_err(|_| "request workers stopped".to_string())?;
+    }
+}
+
+/// Executes one request: the reply bytes and how long to hold them.
+fn answer(
+    device: &Device,
+    request: &p::Request,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> (Vec<u8>, Duration) {
+    let result = if request.length > p::MAX_REQUEST_BYTES {
+        Err(p::EINVAL)
+    } else {
+        device.execute(request, payload, out)
+    };
+    match result {
+        Ok(latency_ns) => {
+            let hold_ns = match device.options.latency {
+                Latency::None => 0.0,
+                Latency::Real => latency_ns as f64,
+                Latency::Scaled(x) => latency_ns as f64 * x,
+            };
+            let mut reply = p::simple_reply_header(0, request.cookie).to_vec();
+            if request.command == p::CMD_READ {
+                reply.extend_from_slice(out);
             }
-            Err(errno) => (
-                p::simple_reply_header(errno, request.cookie).to_vec(),
-                Duration::ZERO,
-            ),
-        };
-        deliver(reply, hold, !r.buffer().is_empty())?;
+            (reply, Duration::from_nanos(hold_ns as u64))
+        }
+        Err(errno) => (
+            p::simple_reply_header(errno, request.cookie).to_vec(),
+            Duration::ZERO,
+        ),
     }
 }
 
