@@ -1,7 +1,7 @@
 //! `ftlab serve`: listeners, one thread per connection, and a summary on SIGINT/SIGTERM.
 
 use anyhow::{Context, Result};
-use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab::server::{serve_connection, Device, DeviceOptions, Latency, RecordFormat};
 use ftlab::store::codec::Codec;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -36,6 +36,9 @@ pub struct ServeArgs {
     /// --trace FILE`).
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Format of --record: nbdkit (everything) or msr (reads and writes only: MSR has no trim).
+    #[arg(long, default_value = "nbdkit", value_parser = ["nbdkit", "msr"])]
+    record_format: String,
     /// Load the device's bytes from this raw image at start (when it exists) and save them back
     /// at a clean shutdown (SIGINT/SIGTERM). Nothing is saved if the process dies otherwise.
     #[arg(long)]
@@ -76,6 +79,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 latency,
                 codec,
                 record: args.record.clone(),
+                record_format: if args.record_format == "msr" {
+                    RecordFormat::Msr
+                } else {
+                    RecordFormat::Nbdkit
+                },
             },
         )
         .map_err(anyhow::Error::msg)?,

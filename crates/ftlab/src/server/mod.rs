@@ -51,17 +51,33 @@ pub struct DeviceOptions {
     pub export_name: String,
     pub latency: Latency,
     pub codec: Codec,
-    /// Write every request the FTL model sees here, in nbdkit log format, so that
-    /// `ftlab sim --trace` replays exactly what the server simulated.
+    /// Write every request the FTL model sees here, so that `ftlab sim --trace` replays what
+    /// the server simulated.
     pub record: Option<std::path::PathBuf>,
+    pub record_format: RecordFormat,
+}
+
+/// How `--record` writes requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// nbdkit log lines: reads, writes, trims and flushes; a replay reproduces the counters.
+    Nbdkit,
+    /// MSR Cambridge CSV: reads and writes only (the format has no trim or flush), so a replay
+    /// differs wherever trims mattered.
+    Msr,
 }
 
 struct State {
     ftl: Ftl<FlatMapping>,
     requests: u64,
     record: Option<BufWriter<std::fs::File>>,
+    record_format: RecordFormat,
+    record_error: Option<String>,
     recorded: u64,
 }
+
+/// 100 ns ticks from 1601-01-01 (Windows FILETIME, MSR's clock) to 1970-01-01.
+const FILETIME_UNIX_EPOCH_TICKS: u64 = 116_444_736_000_000_000;
 
 impl State {
     /// Applies one request to the FTL model (and records it).
@@ -74,16 +90,33 @@ impl State {
                 Op::Trim => "Trim",
                 Op::Flush => "Flush",
             };
-            let line = crate::trace::nbdkit::format_line(
-                unix_start_ns + request.arrival_ns,
-                1,
-                verb,
-                self.recorded,
-                request.offset_bytes,
-                request.length_bytes,
-            );
+            let unix_ns = unix_start_ns + request.arrival_ns;
+            let written = match self.record_format {
+                RecordFormat::Nbdkit => writeln!(
+                    w,
+                    "{}",
+                    crate::trace::nbdkit::format_line(
+                        unix_ns,
+                        1,
+                        verb,
+                        self.recorded,
+                        request.offset_bytes,
+                        request.length_bytes,
+                    )
+                ),
+                RecordFormat::Msr if matches!(request.op, Op::Read | Op::Write) => writeln!(
+                    w,
+                    "{},ftlab,0,{verb},{},{},0",
+                    FILETIME_UNIX_EPOCH_TICKS + unix_ns / 100,
+                    request.offset_bytes,
+                    request.length_bytes
+                ),
+                RecordFormat::Msr => Ok(()),
+            };
             // A failing record file must not fail the client's I/O: it is reported at shutdown.
-            let _ = writeln!(w, "{line}");
+            if let Err(e) = written {
+                self.record_error.get_or_insert_with(|| e.to_string());
+            }
         }
         self.ftl
             .submit(&request, request.arrival_ns)
@@ -128,6 +161,8 @@ impl Device {
                 ftl: Ftl::new(config, FlatMapping::new(geometry.logical_pages)),
                 requests: 0,
                 record,
+                record_format: options.record_format,
+                record_error: None,
                 recorded: 0,
             }),
             unix_start_ns: std::time::SystemTime::now()
@@ -262,6 +297,9 @@ impl Device {
         let now = self.now_ns();
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.ftl.flush(now);
+        if let Some(e) = &s.record_error {
+            return Err(format!("record file: {e}"));
+        }
         if let Some(w) = &mut s.record {
             w.flush().map_err(|e| format!("record file: {e}"))?;
         }

@@ -34,6 +34,7 @@ fn device_with(latency: Latency) -> Arc<Device> {
                 latency,
                 codec: Codec::Lz4,
                 record: None,
+                record_format: ftlab::server::RecordFormat::Nbdkit,
             },
         )
         .unwrap(),
