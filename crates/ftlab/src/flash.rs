@@ -52,6 +52,8 @@ impl FlashTiming {
         }
     }
 
+    // Dies are numbered channel-fastest (see geometry.rs), so a die's channel is die % channels.
+
     /// Page read: the die senses the page, then the data crosses the channel.
     #[inline]
     pub fn read(&mut self, die: u32, ready_ns: u64) -> u64 {

@@ -274,16 +274,6 @@ impl Geometry {
     pub fn first_die_of_superblock(&self, superblock: u32) -> u32 {
         (superblock % self.superblock_groups) * self.superblock_dies
     }
-
-    #[inline]
-    pub fn channel_of_die(&self, die: u32) -> u32 {
-        die % self.channels
-    }
-
-    /// The physical block (die, block within die) holding a superblock's slice on `die`.
-    pub fn block_in_die(&self, superblock: u32) -> u32 {
-        superblock / self.superblock_groups
-    }
 }
 
 /// A divisor fixed at construction. Division is on the per-page path and geometry sizes are

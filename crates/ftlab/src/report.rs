@@ -255,7 +255,7 @@ pub struct Report {
     pub gc: GcInfo,
     pub mapping: MappingInfo,
     pub device: DeviceInfo,
-    pub counters: FtlStatsOut,
+    pub counters: Counters,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub trace: Option<TraceInfo>,
     pub series: Vec<SeriesRow>,
@@ -266,11 +266,9 @@ pub struct Report {
     pub wall_seconds: f64,
 }
 
-/// The raw FTL counters, for readers who want every one.
-pub type FtlStatsOut = FtlStatsSerde;
-
+/// The FTL counters not already at the top level of the report.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct FtlStatsSerde {
+pub struct Counters {
     pub host_flash_read_pages: u64,
     pub gc_read_pages: u64,
     pub rmw_read_pages: u64,
@@ -279,7 +277,7 @@ pub struct FtlStatsSerde {
     pub flushes: u64,
 }
 
-impl From<&FtlStats> for FtlStatsSerde {
+impl From<&FtlStats> for Counters {
     fn from(s: &FtlStats) -> Self {
         Self {
             host_flash_read_pages: s.host_flash_read_pages,
@@ -318,9 +316,8 @@ impl Report {
             flush: r.flush.len(),
         };
         let total_requests = requests.read + requests.write + requests.trim + requests.flush;
-        let erase_counts: Vec<u32> = (0..g.superblocks)
-            .map(|sb| ftl.blocks().erase_count(sb))
-            .collect();
+        // Per superblock; every physical block of a superblock is erased with it.
+        let erase_counts = ftl.blocks().erase_counts();
         let live = ftl.mapping().live_mappings();
         let mapping_bytes = ftl.mapping_bytes() as u64;
         Report {
