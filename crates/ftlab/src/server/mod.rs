@@ -619,6 +619,9 @@ fn transmission<R: Read + Send>(
     let failed: Mutex<Option<String>> = Mutex::new(None);
     let (tx, rx) = std::sync::mpsc::channel::<(p::Request, Vec<u8>)>();
     let rx = Mutex::new(rx);
+    // Payload buffers go back to the reader for the next request: a fresh megabyte buffer
+    // per request would come from mmap and cost the kernel a page clear per 4 KiB.
+    let spare: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
     let read_result = std::thread::scope(|scope| {
         for _ in 0..WORKERS_PER_CONNECTION {
             scope.spawn(|| {
@@ -627,13 +630,17 @@ fn transmission<R: Read + Send>(
                     let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok((request, payload)) = job else { return };
                     let reply = answer(device, &request, &payload, &mut out);
+                    spare
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(payload);
                     if let Err(e) = deliver(reply.0, reply.1) {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                     }
                 }
             });
         }
-        let result = read_requests(r, &failed, &tx);
+        let result = read_requests(r, &failed, &spare, &tx);
         drop(tx);
         result
     });
@@ -644,6 +651,7 @@ fn transmission<R: Read + Send>(
 fn read_requests<R: Read>(
     r: &mut BufReader<R>,
     failed: &Mutex<Option<String>>,
+    spare: &Mutex<Vec<Vec<u8>>>,
     tx: &std::sync::mpsc::Sender<(p::Request, Vec<u8>)>,
 ) -> Result<(), String> {
     loop {
@@ -660,7 +668,12 @@ fn read_requests<R: Read>(
         if request.command == p::CMD_DISC {
             return Ok(());
         }
-        let mut payload = Vec::new();
+        let mut payload = spare
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default();
+        payload.clear();
         if request.command == p::CMD_WRITE {
             if request.length > p::MAX_REQUEST_BYTES {
                 return Err(format!(
