@@ -258,7 +258,16 @@ enum Prepared<'a> {
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Pages in a row this thread found incompressible (stored raw).
+    static RAW_STREAK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
+
+/// After this many incompressible pages in a row, a thread first compresses a page's first
+/// `PROBE_BYTES` and stores the page raw if they do not shrink: a stream of random or
+/// already-compressed data then costs an eighth of the codec's work, while compressible data
+/// never pays for the probe (the streak ends at the first page that compresses).
+const RAW_STREAK_PROBE: u32 = 8;
+const PROBE_BYTES: usize = 512;
 
 pub struct PageStore {
     config: StoreConfig,
@@ -364,13 +373,33 @@ impl PageStore {
         };
         SCRATCH.with(|scratch| {
             let mut out = scratch.borrow_mut();
-            let (encoding, n) =
-                codec::compress(self.config.codec, dictionary.as_ref(), page, &mut out)
-                    .map_err(|reason| StoreError::Codec { lpn, reason })?;
-            let (bytes, encoding) = if n >= self.config.huge_bytes {
-                (page, None)
+            let streak = RAW_STREAK.get();
+            let probe_says_raw = streak >= RAW_STREAK_PROBE && {
+                let (_, n) = codec::compress(
+                    self.config.codec,
+                    dictionary.as_ref(),
+                    &page[..PROBE_BYTES],
+                    &mut out,
+                )
+                .map_err(|reason| StoreError::Codec { lpn, reason })?;
+                n >= PROBE_BYTES - PROBE_BYTES / 32
+            };
+            let compressed = if probe_says_raw {
+                None
             } else {
-                (&out[..n], Some(encoding))
+                let (encoding, n) =
+                    codec::compress(self.config.codec, dictionary.as_ref(), page, &mut out)
+                        .map_err(|reason| StoreError::Codec { lpn, reason })?;
+                (n < self.config.huge_bytes).then_some((encoding, n))
+            };
+            RAW_STREAK.set(if compressed.is_some() {
+                0
+            } else {
+                streak.saturating_add(1)
+            });
+            let (bytes, encoding) = match compressed {
+                Some((encoding, n)) => (&out[..n], Some(encoding)),
+                None => (page, None),
             };
             Ok(insert(&Prepared::Stored {
                 checksum: xxh3_64_with_seed(bytes, lpn),
