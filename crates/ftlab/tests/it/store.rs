@@ -286,3 +286,20 @@ fn a_dictionary_helps_small_pages_of_similar_text() {
     store.read(1234, &mut buf).unwrap();
     assert_eq!(buf, pages[1234]);
 }
+
+#[test]
+fn a_run_of_random_pages_does_not_make_compressible_pages_raw() {
+    let store = PageStore::new(StoreConfig::new(4096, Codec::Lz4)).unwrap();
+    for i in 0..40 {
+        store.write(i, &page(3, i, 4096)).unwrap();
+    }
+    assert_eq!(store.stats().huge_pages, 40);
+    for i in 40..60 {
+        store.write(i, &page(2, i, 4096)).unwrap();
+    }
+    let s = store.stats();
+    assert_eq!(s.huge_pages, 40, "text pages after random ones were stored raw");
+    let mut buf = vec![0u8; 4096];
+    store.read(50, &mut buf).unwrap();
+    assert_eq!(buf, page(2, 50, 4096));
+}
