@@ -298,7 +298,10 @@ fn a_run_of_random_pages_does_not_make_compressible_pages_raw() {
         store.write(i, &page(2, i, 4096)).unwrap();
     }
     let s = store.stats();
-    assert_eq!(s.huge_pages, 40, "text pages after random ones were stored raw");
+    assert_eq!(
+        s.huge_pages, 40,
+        "text pages after random ones were stored raw"
+    );
     let mut buf = vec![0u8; 4096];
     store.read(50, &mut buf).unwrap();
     assert_eq!(buf, page(2, 50, 4096));
