@@ -185,9 +185,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(path) = &args.stats {
         write_stats(&device, path)?;
     }
-    let (requests, host, nand, gc, waf) = device.ftl_summary();
+    let (requests, f) = device.ftl_stats();
     let s = device.store_stats();
-    println!("requests {requests}; host write pages {host}, flash write pages {nand} (GC {gc}), WAF {waf:.3}");
+    println!(
+        "requests {requests}; host write pages {}, flash write pages {} (GC {}), WAF {:.3}",
+        f.host_write_pages,
+        f.nand_write_pages(),
+        f.gc_write_pages,
+        f.waf()
+    );
     println!(
         "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} huge_pages {}",
         s.orig_data_size, s.compr_data_size, s.mem_used_total, s.same_pages, s.huge_pages

@@ -261,10 +261,7 @@ impl Device {
 
     /// The live statistics: the simulator's counters and the store's mm_stat fields.
     pub fn stats_json(&self) -> serde_json::Value {
-        let (requests, ftl) = {
-            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            (s.requests, s.ftl.stats().clone())
-        };
+        let (requests, ftl) = self.ftl_stats();
         serde_json::json!({
             "uptime_ns": self.now_ns(),
             "requests": requests,
@@ -278,17 +275,10 @@ impl Device {
         })
     }
 
-    /// (requests, host write pages, flash write pages, GC write pages, WAF)
-    pub fn ftl_summary(&self) -> (u64, u64, u64, u64, f64) {
+    /// Requests served so far and the FTL model's counters.
+    pub fn ftl_stats(&self) -> (u64, crate::ftl::FtlStats) {
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let st = s.ftl.stats();
-        (
-            s.requests,
-            st.host_write_pages,
-            st.nand_write_pages(),
-            st.gc_write_pages,
-            st.waf(),
-        )
+        (s.requests, s.ftl.stats().clone())
     }
 
     /// Drains the FTL's write buffer (as a replay's end does) and flushes the record file; call

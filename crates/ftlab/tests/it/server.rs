@@ -205,7 +205,8 @@ fn reads_return_what_was_written_at_any_offset_and_length() {
     let (e, d) = c.request(p::CMD_READ, 0, 0, 2 << 20, &[]);
     assert_eq!(e, 0);
     assert!(d == oracle[..2 << 20]);
-    let (_, host, nand, _, _) = device.ftl_summary();
+    let (_, stats) = device.ftl_stats();
+    let (host, nand) = (stats.host_write_pages, stats.nand_write_pages());
     assert!(
         host > 0 && nand >= host / 2,
         "the FTL saw the writes: host {host} nand {nand}"
