@@ -143,10 +143,14 @@ impl Geometry {
             (physical_pages as f64 * (1.0 - sf)).floor() as u64
         };
         let ftl = &config.ftl;
-        if ftl.mapping != "flat" {
+        if !crate::ftl::mapping::TABLES.contains(&ftl.mapping.as_str()) {
             return Err(invalid(
                 "ftl.mapping",
-                format!("`{}` is not available; this build has `flat`", ftl.mapping),
+                format!(
+                    "`{}` is not a mapping table; choose one of {}",
+                    ftl.mapping,
+                    crate::ftl::mapping::TABLES.join(", ")
+                ),
             ));
         }
         if !(ftl.write_buffer_mib.is_finite() && ftl.write_buffer_mib >= 0.0) {

@@ -215,6 +215,10 @@ pub struct MappingInfo {
     pub bytes_per_live_mapping: f64,
     /// All FTL DRAM: mapping, reverse map, block metadata, buffer index.
     pub ftl_metadata_bytes: u64,
+    /// Tables with an update buffer (`learned`): the fraction of lookups its compressed layer
+    /// answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed_get_fraction: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -358,6 +362,7 @@ impl Report {
                     round6(mapping_bytes as f64 / live as f64)
                 },
                 ftl_metadata_bytes: ftl.metadata_bytes() as u64,
+                compressed_get_fraction: ftl.mapping().compressed_get_fraction().map(round6),
             },
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),
@@ -500,6 +505,13 @@ impl Report {
             self.mapping.live_mappings,
             self.mapping.ftl_metadata_bytes as f64 / (1 << 20) as f64
         );
+        if let Some(f) = self.mapping.compressed_get_fraction {
+            let _ = writeln!(
+                o,
+                "           {:.1} % of lookups answered by the compressed layer",
+                100.0 * f
+            );
+        }
         if self.wall_seconds > 0.0 {
             let _ = writeln!(
                 o,

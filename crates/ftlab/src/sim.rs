@@ -4,7 +4,7 @@
 //! Does not know: flash internals beyond the FTL's public counters.
 
 use crate::config::Config;
-use crate::ftl::mapping::{FlatMapping, MappingTable};
+use crate::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
 use crate::ftl::{Ftl, FtlError};
 use crate::report::{Recorder, Report, TraceInfo};
 use crate::request::{Op, Request};
@@ -78,6 +78,13 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report
     let geometry = config.geometry()?;
     match config.ftl.mapping.as_str() {
         "flat" => run_with(config, FlatMapping::new(geometry.logical_pages), progress),
+        "hash" => run_with(config, HashMapping::new(), progress),
+        "extent" => run_with(config, ExtentMapping::new(), progress),
+        "learned" => run_with(
+            config,
+            LearnedMapping::new(geometry.logical_pages),
+            progress,
+        ),
         other => unreachable!("config validation admits only known tables, got {other}"),
     }
 }

@@ -4,6 +4,7 @@ mod cli;
 mod config_errors;
 mod determinism;
 mod invariants;
+mod mapping;
 mod readme;
 mod server;
 mod store;

@@ -17,6 +17,14 @@ pub trait MappingTable {
     /// A hint that `lpn` will be looked up or set soon (GC knows its next moves in advance).
     #[inline]
     fn prefetch(&self, _lpn: u32) {}
+    /// Folds pending updates into the table's compact form and returns spare capacity, so that
+    /// `heap_bytes` measures the table itself (used before reporting memory).
+    fn compact(&mut self) {}
+    /// For tables with an update buffer in front of a compressed layer: the fraction of lookups
+    /// the compressed layer answered.
+    fn compressed_get_fraction(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Asks the CPU to bring the cache line holding `*p` closer. A no-op where unsupported.
@@ -30,6 +38,18 @@ pub fn prefetch_line<T>(p: *const T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
+
+pub mod extent;
+pub mod hash;
+pub mod learned;
+pub mod runs;
+
+pub use extent::ExtentMapping;
+pub use hash::HashMapping;
+pub use learned::LearnedMapping;
+
+/// The table names `ftl.mapping` accepts.
+pub const TABLES: [&str; 4] = ["flat", "hash", "extent", "learned"];
 
 const UNMAPPED: u32 = u32::MAX;
 

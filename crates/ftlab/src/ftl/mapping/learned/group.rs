@@ -1,0 +1,449 @@
+//! One group's compressed form: a byte blob that answers a lookup without decoding the rest.
+//!
+//! Layout (little endian; docs/mapping.md draws it):
+//!
+//! ```text
+//! 0   u16 live          mapped LPNs in the group
+//! 2   u16 n_intervals   runs of mapped LPNs (0: all GROUP_LPNS are mapped)
+//! 4   u16 n_segments
+//! 6   u8  w_base, u8 w_slope, u8 w_width, u8 w_off   bit widths of the segment record fields
+//! 10  u16 reserved (0)
+//! 12  i32 slope_min     Q16
+//! 16  i64 base_min
+//! 24  u16 interval_start[n_intervals]   offset in the group of each run of mapped LPNs
+//!     u16 interval_rank[n_intervals]    rank of its first LPN among the mapped ones
+//!     u16 segment_rank[n_segments]      first rank of each segment (0 first)
+//!     records, bit-packed, n_segments x (w_base + w_slope + w_width + w_off) bits:
+//!         base - base_min, slope - slope_min, residual width, residual bit offset
+//!     residuals, bit-packed, each segment's at its own width
+//!     8 bytes of padding (every field is read with one unaligned u64 load)
+//! ```
+//!
+//! A lookup: binary search the intervals (is the LPN mapped, and its rank), binary search the
+//! segment ranks, read one record and one residual. Holes cost 4 bytes per run of mapped LPNs;
+//! a run of consecutive PPNs costs one segment (2 bytes plus a few bits of base); scattered
+//! PPNs cost about log2(their spread) bits each.
+
+use super::fit::{self, bits_for, predict, Segment};
+use super::GROUP_LPNS;
+
+const HEADER_BYTES: usize = 24;
+const PAD_BYTES: usize = 8;
+pub const UNMAPPED: u32 = u32::MAX;
+
+#[inline]
+fn rd16(b: &[u8], at: usize) -> u32 {
+    u32::from(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// `width` (<= 56) bits starting `bit` bits after byte `at`.
+#[inline]
+fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
+    let p = at + (bit / 8) as usize;
+    let word = u64::from_le_bytes(b[p..p + 8].try_into().expect("8 bytes"));
+    (word >> (bit % 8)) & ((1u64 << width) - 1)
+}
+
+/// Appends little-endian bit fields to a byte vector.
+struct BitWriter<'a> {
+    out: &'a mut Vec<u8>,
+    acc: u64,
+    n: u32,
+}
+
+impl<'a> BitWriter<'a> {
+    fn new(out: &'a mut Vec<u8>) -> Self {
+        Self { out, acc: 0, n: 0 }
+    }
+    fn put(&mut self, value: u64, width: u32) {
+        debug_assert!(width <= 56 && (width == 56 || value < (1u64 << width)));
+        if width == 0 {
+            return;
+        }
+        self.acc |= value << self.n;
+        self.n += width;
+        while self.n >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+    fn finish(self) {
+        if self.n > 0 {
+            self.out.push(self.acc as u8);
+        }
+    }
+}
+
+/// The parsed header of a blob.
+#[derive(Clone, Copy)]
+struct Header {
+    live: u32,
+    n_intervals: usize,
+    n_segments: usize,
+    w_base: u32,
+    w_slope: u32,
+    w_width: u32,
+    w_off: u32,
+    slope_min: i64,
+    base_min: i64,
+}
+
+impl Header {
+    #[inline]
+    fn read(b: &[u8]) -> Self {
+        Header {
+            live: rd16(b, 0),
+            n_intervals: rd16(b, 2) as usize,
+            n_segments: rd16(b, 4) as usize,
+            w_base: u32::from(b[6]),
+            w_slope: u32::from(b[7]),
+            w_width: u32::from(b[8]),
+            w_off: u32::from(b[9]),
+            slope_min: i64::from(i32::from_le_bytes(b[12..16].try_into().expect("4"))),
+            base_min: i64::from_le_bytes(b[16..24].try_into().expect("8")),
+        }
+    }
+    fn record_bits(&self) -> u64 {
+        u64::from(self.w_base + self.w_slope + self.w_width + self.w_off)
+    }
+    fn records_at(&self) -> usize {
+        HEADER_BYTES + 4 * self.n_intervals + 2 * self.n_segments
+    }
+    fn residuals_at(&self) -> usize {
+        self.records_at() + (self.n_segments as u64 * self.record_bits()).div_ceil(8) as usize
+    }
+    /// (base, slope_q16, width, residual bit offset) of segment `j`.
+    #[inline]
+    fn record(&self, b: &[u8], j: usize) -> (i64, i32, u32, u64) {
+        let at = self.records_at();
+        let mut bit = j as u64 * self.record_bits();
+        let base = rd_bits(b, at, bit, self.w_base) as i64 + self.base_min;
+        bit += u64::from(self.w_base);
+        let slope = rd_bits(b, at, bit, self.w_slope) as i64 + self.slope_min;
+        bit += u64::from(self.w_slope);
+        let width = rd_bits(b, at, bit, self.w_width) as u32;
+        bit += u64::from(self.w_width);
+        let off = rd_bits(b, at, bit, self.w_off);
+        (base, slope as i32, width, off)
+    }
+}
+
+/// Index of the last element of the ascending u16 array at `at` (length `n`) that is <= `key`,
+/// or None when all are greater.
+#[inline]
+fn last_le(b: &[u8], at: usize, n: usize, key: u32) -> Option<usize> {
+    let (mut lo, mut hi) = (0usize, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if rd16(b, at + 2 * mid) <= key {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo.checked_sub(1)
+}
+
+/// The PPN of group offset `off`, if mapped.
+#[inline]
+pub fn get(b: &[u8], off: u32) -> Option<u32> {
+    let h = Header::read(b);
+    let rank = if h.n_intervals == 0 {
+        off
+    } else {
+        let i = last_le(b, HEADER_BYTES, h.n_intervals, off)?;
+        let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
+        let start = rd16(b, HEADER_BYTES + 2 * i);
+        let rank = rd16(b, ranks_at + 2 * i);
+        let next_rank = if i + 1 < h.n_intervals {
+            rd16(b, ranks_at + 2 * (i + 1))
+        } else {
+            h.live
+        };
+        let d = off - start;
+        if d >= next_rank - rank {
+            return None;
+        }
+        rank + d
+    };
+    let seg_at = HEADER_BYTES + 4 * h.n_intervals;
+    let j = last_le(b, seg_at, h.n_segments, rank).expect("segment 0 starts at rank 0");
+    let dx = rank - rd16(b, seg_at + 2 * j);
+    let (base, slope, width, res_off) = h.record(b, j);
+    let residual = rd_bits(
+        b,
+        h.residuals_at(),
+        res_off + u64::from(dx) * u64::from(width),
+        width,
+    );
+    Some((predict(base, slope, dx) + residual as i64) as u32)
+}
+
+/// Writes every mapping of the blob into `dense` (indexed by group offset).
+pub fn decode_into(b: &[u8], dense: &mut [u32]) {
+    let h = Header::read(b);
+    let seg_at = HEADER_BYTES + 4 * h.n_intervals;
+    let res_at = h.residuals_at();
+    // Offsets in rank order, one interval at a time.
+    let mut interval = 0usize;
+    let mut off = 0u32;
+    let mut left_in_interval = if h.n_intervals == 0 { h.live } else { 0 };
+    for j in 0..h.n_segments {
+        let first = rd16(b, seg_at + 2 * j);
+        let end = if j + 1 < h.n_segments {
+            rd16(b, seg_at + 2 * (j + 1))
+        } else {
+            h.live
+        };
+        let (base, slope, width, res_off) = h.record(b, j);
+        for dx in 0..end - first {
+            while left_in_interval == 0 {
+                let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
+                off = rd16(b, HEADER_BYTES + 2 * interval);
+                let next_rank = if interval + 1 < h.n_intervals {
+                    rd16(b, ranks_at + 2 * (interval + 1))
+                } else {
+                    h.live
+                };
+                left_in_interval = next_rank - rd16(b, ranks_at + 2 * interval);
+                interval += 1;
+            }
+            let residual = rd_bits(b, res_at, res_off + u64::from(dx) * u64::from(width), width);
+            dense[off as usize] = (predict(base, slope, dx) + residual as i64) as u32;
+            off += 1;
+            left_in_interval -= 1;
+        }
+    }
+}
+
+/// Working memory for encoding, allocated per merge (it is not part of the table at rest).
+#[derive(Default)]
+pub struct Scratch {
+    ys: Vec<u32>,
+    starts: Vec<u16>,
+    ranks: Vec<u16>,
+    best: Vec<Segment>,
+    trial: Vec<Segment>,
+    out: Vec<u8>,
+}
+
+/// Field widths and encoded size of a segmentation.
+struct Layout {
+    w_base: u32,
+    w_slope: u32,
+    w_width: u32,
+    w_off: u32,
+    base_min: i64,
+    slope_min: i64,
+    residual_bits: u64,
+    bytes: usize,
+}
+
+fn layout(n_intervals: usize, segs: &[Segment]) -> Layout {
+    let base_min = segs.iter().map(|s| s.base).min().unwrap_or(0);
+    let base_max = segs.iter().map(|s| s.base).max().unwrap_or(0);
+    let slope_min = segs
+        .iter()
+        .map(|s| i64::from(s.slope_q16))
+        .min()
+        .unwrap_or(0);
+    let slope_max = segs
+        .iter()
+        .map(|s| i64::from(s.slope_q16))
+        .max()
+        .unwrap_or(0);
+    let width_max = segs.iter().map(|s| s.width).max().unwrap_or(0);
+    let residual_bits: u64 = segs
+        .iter()
+        .map(|s| u64::from(s.len) * u64::from(s.width))
+        .sum();
+    let w_base = u32::from(bits_for((base_max - base_min) as u64));
+    let w_slope = u32::from(bits_for((slope_max - slope_min) as u64));
+    let w_width = u32::from(bits_for(u64::from(width_max)));
+    let w_off = if width_max == 0 {
+        0
+    } else {
+        u32::from(bits_for(residual_bits))
+    };
+    let record_bits = u64::from(w_base + w_slope + w_width + w_off);
+    let bytes = HEADER_BYTES
+        + 4 * n_intervals
+        + 2 * segs.len()
+        + (segs.len() as u64 * record_bits).div_ceil(8) as usize
+        + residual_bits.div_ceil(8) as usize
+        + PAD_BYTES;
+    Layout {
+        w_base,
+        w_slope,
+        w_width,
+        w_off,
+        base_min,
+        slope_min,
+        residual_bits,
+        bytes,
+    }
+}
+
+/// Error bounds tried for each group; the smallest encoding wins. 0 finds exact runs; the
+/// larger ones trade residual bits for fewer segments.
+const EPSILONS: [i64; 5] = [0, 7, 127, 2047, 32767];
+
+/// Encodes `dense` (one PPN or `UNMAPPED` per group offset). None when nothing is mapped.
+pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
+    debug_assert!(dense.len() <= GROUP_LPNS);
+    s.ys.clear();
+    s.starts.clear();
+    s.ranks.clear();
+    let mut previous_mapped = false;
+    for (off, &ppn) in dense.iter().enumerate() {
+        let mapped = ppn != UNMAPPED;
+        if mapped {
+            if !previous_mapped {
+                s.starts.push(off as u16);
+                s.ranks.push(s.ys.len() as u16);
+            }
+            s.ys.push(ppn);
+        }
+        previous_mapped = mapped;
+    }
+    if s.ys.is_empty() {
+        return None;
+    }
+    let n_intervals = if s.ys.len() == GROUP_LPNS {
+        0
+    } else {
+        s.starts.len()
+    };
+
+    fit::fit_cone(&s.ys, 0, &mut s.best);
+    let mut best_bytes = layout(n_intervals, &s.best).bytes;
+    // Long exact runs cannot be beaten by much: a segment's few bytes are spread over them.
+    if s.ys.len() < 64 * s.best.len() {
+        let endpoint = fit::endpoint_slope(&s.ys);
+        for trial in 0..EPSILONS.len() + 1 {
+            match trial {
+                0 => fit::fit_single(&s.ys, 0, &mut s.trial),
+                1 => fit::fit_single(&s.ys, endpoint, &mut s.trial),
+                k => fit::fit_cone(&s.ys, EPSILONS[k - 1], &mut s.trial),
+            }
+            let bytes = layout(n_intervals, &s.trial).bytes;
+            if bytes < best_bytes {
+                best_bytes = bytes;
+                std::mem::swap(&mut s.best, &mut s.trial);
+            }
+        }
+    }
+
+    let l = layout(n_intervals, &s.best);
+    let out = &mut s.out;
+    out.clear();
+    out.extend_from_slice(&(s.ys.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(n_intervals as u16).to_le_bytes());
+    out.extend_from_slice(&(s.best.len() as u16).to_le_bytes());
+    out.extend_from_slice(&[
+        l.w_base as u8,
+        l.w_slope as u8,
+        l.w_width as u8,
+        l.w_off as u8,
+    ]);
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&(l.slope_min as i32).to_le_bytes());
+    out.extend_from_slice(&l.base_min.to_le_bytes());
+    if n_intervals > 0 {
+        for v in &s.starts {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in &s.ranks {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    for seg in &s.best {
+        out.extend_from_slice(&(seg.first as u16).to_le_bytes());
+    }
+    let mut w = BitWriter::new(out);
+    let mut res_off = 0u64;
+    for seg in &s.best {
+        w.put((seg.base - l.base_min) as u64, l.w_base);
+        w.put((i64::from(seg.slope_q16) - l.slope_min) as u64, l.w_slope);
+        w.put(u64::from(seg.width), l.w_width);
+        w.put(if l.w_off == 0 { 0 } else { res_off }, l.w_off);
+        res_off += u64::from(seg.len) * u64::from(seg.width);
+    }
+    w.finish();
+    debug_assert_eq!(res_off, l.residual_bits);
+    let mut w = BitWriter::new(out);
+    for seg in &s.best {
+        let width = u32::from(seg.width);
+        for dx in 0..seg.len {
+            let y = i64::from(s.ys[(seg.first + dx) as usize]);
+            w.put((y - predict(seg.base, seg.slope_q16, dx)) as u64, width);
+        }
+    }
+    w.finish();
+    out.extend_from_slice(&[0; PAD_BYTES]);
+    debug_assert_eq!(out.len(), l.bytes);
+    Some(out.as_slice().into())
+}
+
+/// Mapped LPNs in the blob.
+pub fn live(b: &[u8]) -> u32 {
+    rd16(b, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(dense: &[u32]) -> usize {
+        let mut s = Scratch::default();
+        let Some(blob) = encode(dense, &mut s) else {
+            assert!(dense.iter().all(|&p| p == UNMAPPED));
+            return 0;
+        };
+        for (off, &ppn) in dense.iter().enumerate() {
+            let expect = (ppn != UNMAPPED).then_some(ppn);
+            assert_eq!(get(&blob, off as u32), expect, "offset {off}");
+        }
+        let mut back = vec![UNMAPPED; dense.len()];
+        decode_into(&blob, &mut back);
+        assert_eq!(back, dense);
+        assert_eq!(
+            live(&blob) as usize,
+            dense.iter().filter(|&&p| p != UNMAPPED).count()
+        );
+        blob.len()
+    }
+
+    #[test]
+    fn shapes_round_trip_and_runs_are_small() {
+        let g = GROUP_LPNS;
+        let full_run: Vec<u32> = (0..g as u32).map(|i| 5000 + i).collect();
+        assert!(roundtrip(&full_run) < 48);
+        let mut holes = full_run.clone();
+        for i in (0..g).step_by(100) {
+            holes[i] = UNMAPPED;
+        }
+        roundtrip(&holes);
+        let mut x = 3u64;
+        let random: Vec<u32> = (0..g)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                ((x >> 32) as u32).min(u32::MAX - 1)
+            })
+            .collect();
+        // Worst case: 32-bit random PPNs cost at most 4 bytes each plus the header and padding.
+        assert!(roundtrip(&random) <= 4 * g + 64);
+        let extremes: Vec<u32> = (0..g)
+            .map(|i| if i % 2 == 0 { 0 } else { u32::MAX - 1 })
+            .collect();
+        roundtrip(&extremes);
+        let mut sparse = vec![UNMAPPED; g];
+        sparse[0] = 1;
+        sparse[g - 1] = 0;
+        roundtrip(&sparse);
+        roundtrip(&vec![UNMAPPED; g]);
+        let descending: Vec<u32> = (0..g as u32).map(|i| 1_000_000 - 7 * i).collect();
+        assert!(roundtrip(&descending) < 48);
+    }
+}

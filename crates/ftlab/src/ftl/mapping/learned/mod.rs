@@ -1,0 +1,329 @@
+//! The `learned` table: a lossless, compressed LPN -> PPN map.
+//!
+//! The LPN space is cut into groups of `GROUP_LPNS`. Each group's mappings live in one blob
+//! (`group.rs`): the mapped LPNs as runs (holes cost nothing per LPN), and over their ranks
+//! error-bounded piecewise-linear segments (`fit.rs`) with bit-packed non-negative residuals.
+//! Updates go first to a small per-group buffer of runs (`delta`), which is merged into the
+//! group's blob when the buffer as a whole exceeds its bound: the group holding the most buffered
+//! updates is decoded, patched and re-encoded. The bound is a fraction of the live mappings,
+//! so the compressed layer, not the buffer, answers most lookups (`compressed_get_fraction`).
+//!
+//! Must not know: flash geometry beyond the LPN count, timing, or where PPNs come from.
+
+pub mod fit;
+pub mod group;
+
+use super::runs::{self, Run};
+use super::{prefetch_line, MappingTable};
+use std::cell::Cell;
+
+pub const GROUP_SHIFT: u32 = 12;
+pub const GROUP_LPNS: usize = 1 << GROUP_SHIFT;
+const OFFSET_MASK: u32 = GROUP_LPNS as u32 - 1;
+const NO_DELTA: u32 = u32::MAX;
+/// A buffered trim: the LPN is unmapped even if its group's blob still maps it.
+const TOMBSTONE: u32 = u32::MAX;
+
+/// The buffer may hold this many LPNs at least...
+pub const BUFFER_MIN_ENTRIES: u64 = 4096;
+/// ...or one in this many live mappings, whichever is more.
+pub const BUFFER_LIVE_DIVISOR: u64 = 16;
+
+/// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
+/// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
+#[derive(Clone, Copy, Debug)]
+struct DeltaRun {
+    off: u16,
+    len: u16,
+    ppn: u32,
+}
+
+impl Run for DeltaRun {
+    #[inline]
+    fn start(&self) -> u32 {
+        u32::from(self.off)
+    }
+    #[inline]
+    fn len(&self) -> u32 {
+        u32::from(self.len)
+    }
+    #[inline]
+    fn value(&self) -> u32 {
+        self.ppn
+    }
+    #[inline]
+    fn make(start: u32, len: u32, ppn: u32) -> Self {
+        DeltaRun {
+            off: start as u16,
+            len: len as u16,
+            ppn,
+        }
+    }
+    #[inline]
+    fn advance(value: u32, by: u32) -> u32 {
+        if value == TOMBSTONE {
+            TOMBSTONE
+        } else {
+            value + by
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Delta {
+    group: u32,
+    /// LPNs covered by `runs`.
+    entries: u32,
+    runs: Vec<DeltaRun>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct LearnedStats {
+    pub merges: u64,
+    pub merged_entries: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LearnedMapping {
+    blobs: Vec<Option<Box<[u8]>>>,
+    delta_of_group: Vec<u32>,
+    deltas: Vec<Delta>,
+    buffered_entries: u64,
+    live: u64,
+    buffer_min_entries: u64,
+    gets: Cell<u64>,
+    compressed_gets: Cell<u64>,
+    stats: LearnedStats,
+}
+
+impl LearnedMapping {
+    pub fn new(logical_pages: u64) -> Self {
+        Self::with_buffer(logical_pages, BUFFER_MIN_ENTRIES)
+    }
+
+    /// A table whose buffer holds at least `buffer_min_entries` LPNs before merging (tests use
+    /// tiny buffers to merge often).
+    pub fn with_buffer(logical_pages: u64, buffer_min_entries: u64) -> Self {
+        assert!(logical_pages <= 1 << 32, "LPNs are u32");
+        let groups = logical_pages.div_ceil(GROUP_LPNS as u64) as usize;
+        Self {
+            blobs: vec![None; groups],
+            delta_of_group: vec![NO_DELTA; groups],
+            deltas: Vec::new(),
+            buffered_entries: 0,
+            live: 0,
+            buffer_min_entries,
+            gets: Cell::new(0),
+            compressed_gets: Cell::new(0),
+            stats: LearnedStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &LearnedStats {
+        &self.stats
+    }
+
+    /// LPNs whose latest update is still in the buffer.
+    pub fn buffered_entries(&self) -> u64 {
+        self.buffered_entries
+    }
+
+    pub fn buffer_bound(&self) -> u64 {
+        self.buffer_min_entries.max(self.live / BUFFER_LIVE_DIVISOR)
+    }
+
+    /// The current mapping and whether the buffer holds it, without counting a lookup.
+    #[inline]
+    fn lookup(&self, lpn: u32) -> (Option<u32>, bool) {
+        let g = (lpn >> GROUP_SHIFT) as usize;
+        let off = lpn & OFFSET_MASK;
+        let d = self.delta_of_group[g];
+        if d != NO_DELTA {
+            if let Some(v) = runs::lookup(&self.deltas[d as usize].runs, off) {
+                return ((v != TOMBSTONE).then_some(v), true);
+            }
+        }
+        (self.compressed(lpn), false)
+    }
+
+    /// Whether the buffer holds the latest update of `lpn` (then the compressed layer may be
+    /// stale for it).
+    pub fn is_buffered(&self, lpn: u32) -> bool {
+        self.lookup(lpn).1
+    }
+
+    /// What the compressed layer alone maps `lpn` to.
+    #[inline]
+    pub fn compressed(&self, lpn: u32) -> Option<u32> {
+        let blob = self.blobs[(lpn >> GROUP_SHIFT) as usize].as_deref()?;
+        group::get(blob, lpn & OFFSET_MASK)
+    }
+
+    fn write_delta(&mut self, lpn: u32, value: Option<u32>) {
+        let g = lpn >> GROUP_SHIFT;
+        let off = lpn & OFFSET_MASK;
+        let mut d = self.delta_of_group[g as usize];
+        if d == NO_DELTA {
+            if value.is_none() {
+                return;
+            }
+            d = self.deltas.len() as u32;
+            self.deltas.push(Delta {
+                group: g,
+                entries: 0,
+                runs: Vec::new(),
+            });
+            self.delta_of_group[g as usize] = d;
+        }
+        let delta = &mut self.deltas[d as usize];
+        let old = runs::assign(&mut delta.runs, off, value);
+        match (old, value) {
+            (None, Some(_)) => {
+                delta.entries += 1;
+                self.buffered_entries += 1;
+            }
+            (Some(_), None) => {
+                delta.entries -= 1;
+                self.buffered_entries -= 1;
+            }
+            _ => {}
+        }
+        if delta.entries == 0 {
+            self.drop_delta(d);
+        }
+    }
+
+    /// Removes delta `d` from the slab (swap-remove) and returns it.
+    fn drop_delta(&mut self, d: u32) -> Delta {
+        let delta = self.deltas.swap_remove(d as usize);
+        self.delta_of_group[delta.group as usize] = NO_DELTA;
+        if let Some(moved) = self.deltas.get(d as usize) {
+            self.delta_of_group[moved.group as usize] = d;
+        }
+        self.buffered_entries -= u64::from(delta.entries);
+        delta
+    }
+
+    fn merge_while_over_bound(&mut self) {
+        if self.buffered_entries <= self.buffer_bound() {
+            return;
+        }
+        let mut scratch = group::Scratch::default();
+        let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
+        while self.buffered_entries > self.buffer_bound() {
+            let fullest = (0..self.deltas.len())
+                .max_by_key(|&d| self.deltas[d].entries)
+                .expect("entries are buffered");
+            self.merge(fullest as u32, &mut scratch, &mut dense);
+        }
+    }
+
+    /// Folds delta `d` into its group's blob.
+    fn merge(&mut self, d: u32, scratch: &mut group::Scratch, dense: &mut [u32]) {
+        let delta = self.drop_delta(d);
+        let g = delta.group as usize;
+        dense.fill(group::UNMAPPED);
+        if let Some(blob) = self.blobs[g].as_deref() {
+            group::decode_into(blob, dense);
+        }
+        for run in &delta.runs {
+            let at = usize::from(run.off);
+            let cells = &mut dense[at..at + usize::from(run.len)];
+            if run.ppn == TOMBSTONE {
+                cells.fill(group::UNMAPPED);
+            } else {
+                for (k, cell) in cells.iter_mut().enumerate() {
+                    *cell = run.ppn + k as u32;
+                }
+            }
+        }
+        self.blobs[g] = group::encode(dense, scratch);
+        self.stats.merges += 1;
+        self.stats.merged_entries += u64::from(delta.entries);
+    }
+
+    /// Bytes of the compressed groups alone (blobs and their slots).
+    pub fn compressed_bytes(&self) -> usize {
+        self.blobs.capacity() * std::mem::size_of::<Option<Box<[u8]>>>()
+            + self.blobs.iter().flatten().map(|b| b.len()).sum::<usize>()
+    }
+}
+
+impl MappingTable for LearnedMapping {
+    fn name(&self) -> &'static str {
+        "learned"
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        self.gets.set(self.gets.get() + 1);
+        let (ppn, buffered) = self.lookup(lpn);
+        if !buffered {
+            self.compressed_gets.set(self.compressed_gets.get() + 1);
+        }
+        ppn
+    }
+
+    fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
+        debug_assert_ne!(ppn, TOMBSTONE);
+        let (old, _) = self.lookup(lpn);
+        if old == Some(ppn) {
+            return old;
+        }
+        self.write_delta(lpn, Some(ppn));
+        self.live += u64::from(old.is_none());
+        self.merge_while_over_bound();
+        old
+    }
+
+    fn remove(&mut self, lpn: u32) -> Option<u32> {
+        let (old, _) = self.lookup(lpn);
+        old?;
+        // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
+        let value = self.compressed(lpn).map(|_| TOMBSTONE);
+        self.write_delta(lpn, value);
+        self.live -= 1;
+        self.merge_while_over_bound();
+        old
+    }
+
+    fn live_mappings(&self) -> u64 {
+        self.live
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.compressed_bytes()
+            + self.delta_of_group.capacity() * 4
+            + self.deltas.capacity() * std::mem::size_of::<Delta>()
+            + self
+                .deltas
+                .iter()
+                .map(|d| d.runs.capacity() * std::mem::size_of::<DeltaRun>())
+                .sum::<usize>()
+    }
+
+    #[inline]
+    fn prefetch(&self, lpn: u32) {
+        if let Some(slot) = self.blobs.get((lpn >> GROUP_SHIFT) as usize) {
+            prefetch_line(slot);
+        }
+    }
+
+    fn compact(&mut self) {
+        let mut scratch = group::Scratch::default();
+        let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
+        while !self.deltas.is_empty() {
+            self.merge(0, &mut scratch, &mut dense);
+        }
+        self.deltas.shrink_to_fit();
+    }
+
+    fn compressed_get_fraction(&self) -> Option<f64> {
+        let gets = self.gets.get();
+        Some(if gets == 0 {
+            1.0
+        } else {
+            self.compressed_gets.get() as f64 / gets as f64
+        })
+    }
+}

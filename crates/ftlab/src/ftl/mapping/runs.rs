@@ -1,0 +1,156 @@
+//! Sorted, non-overlapping runs in which consecutive keys map to consecutive values: the core of
+//! the `extent` table and of the `learned` table's update buffer. One implementation, so that
+//! the baseline and the learned table's buffer split and coalesce runs identically.
+
+/// A run of keys `start..start + len` mapping to `value, value + 1, ...` (or to one constant, for
+/// run kinds whose `advance` says so: the learned table's tombstones).
+#[allow(clippy::len_without_is_empty)] // a run is never empty
+pub trait Run: Copy {
+    fn start(&self) -> u32;
+    fn len(&self) -> u32;
+    /// The value at `start`.
+    fn value(&self) -> u32;
+    fn make(start: u32, len: u32, value: u32) -> Self;
+    /// The value `by` keys after a key holding `value`.
+    #[inline]
+    fn advance(value: u32, by: u32) -> u32 {
+        value.wrapping_add(by)
+    }
+}
+
+#[inline]
+fn end<R: Run>(r: &R) -> u64 {
+    u64::from(r.start()) + u64::from(r.len())
+}
+
+/// The value `key` maps to, if a run covers it.
+#[inline]
+pub fn lookup<R: Run>(runs: &[R], key: u32) -> Option<u32> {
+    let i = runs.partition_point(|r| r.start() <= key);
+    let r = runs.get(i.checked_sub(1)?)?;
+    let d = key - r.start();
+    (d < r.len()).then(|| R::advance(r.value(), d))
+}
+
+/// Maps `key` to `value` (`None`: uncovers `key`), splitting and coalescing runs so that no two
+/// adjacent runs could be one. Returns the previous value.
+pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option<u32> {
+    let i = runs.partition_point(|r| r.start() <= key);
+    let mut at = i;
+    let mut old = None;
+    if i > 0 {
+        let r = runs[i - 1];
+        let d = key - r.start();
+        if d < r.len() {
+            let current = R::advance(r.value(), d);
+            if value == Some(current) {
+                return Some(current);
+            }
+            old = Some(current);
+            let right_len = r.len() - d - 1;
+            let right = R::make(key.wrapping_add(1), right_len, R::advance(r.value(), d + 1));
+            if d == 0 {
+                at = i - 1;
+                if right_len == 0 {
+                    runs.remove(at);
+                } else {
+                    runs[at] = right;
+                }
+            } else {
+                runs[i - 1] = R::make(r.start(), d, r.value());
+                if right_len > 0 {
+                    runs.insert(i, right);
+                }
+            }
+        }
+    }
+    if let Some(v) = value {
+        let joins_left = at > 0 && {
+            let l = &runs[at - 1];
+            end(l) == u64::from(key) && R::advance(l.value(), l.len()) == v
+        };
+        let joins_right = at < runs.len() && {
+            let r = &runs[at];
+            u64::from(r.start()) == u64::from(key) + 1 && R::advance(v, 1) == r.value()
+        };
+        match (joins_left, joins_right) {
+            (true, true) => {
+                let r = runs.remove(at);
+                let l = runs[at - 1];
+                runs[at - 1] = R::make(l.start(), l.len() + 1 + r.len(), l.value());
+            }
+            (true, false) => {
+                let l = runs[at - 1];
+                runs[at - 1] = R::make(l.start(), l.len() + 1, l.value());
+            }
+            (false, true) => {
+                let r = runs[at];
+                runs[at] = R::make(key, r.len() + 1, v);
+            }
+            (false, false) => runs.insert(at, R::make(key, 1, v)),
+        }
+    }
+    debug_assert!(runs
+        .windows(2)
+        .all(|w| end(&w[0]) <= u64::from(w[1].start())));
+    old
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct R(u32, u32, u32);
+    impl Run for R {
+        fn start(&self) -> u32 {
+            self.0
+        }
+        fn len(&self) -> u32 {
+            self.1
+        }
+        fn value(&self) -> u32 {
+            self.2
+        }
+        fn make(start: u32, len: u32, value: u32) -> Self {
+            R(start, len, value)
+        }
+    }
+
+    #[test]
+    fn matches_a_map_and_stays_minimal() {
+        let mut runs: Vec<R> = Vec::new();
+        let mut oracle = BTreeMap::new();
+        let mut x = 7u64;
+        for step in 0..20_000u32 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let key = ((x >> 33) % 64) as u32;
+            // Mostly values that continue a neighbour, so runs form and split.
+            let value = match (x >> 20) % 4 {
+                0 => None,
+                1 => Some(key + 1000),
+                2 => Some(key + 2000),
+                _ => Some(step),
+            };
+            let old = assign(&mut runs, key, value);
+            let expected = match value {
+                Some(v) => oracle.insert(key, v),
+                None => oracle.remove(&key),
+            };
+            assert_eq!(old, expected, "step {step}");
+            for k in 0..64 {
+                assert_eq!(lookup(&runs, k), oracle.get(&k).copied());
+            }
+            for w in runs.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                assert!(
+                    !(a.0 + a.1 == b.0 && a.2 + a.1 == b.2),
+                    "runs {a:?} {b:?} should have coalesced"
+                );
+            }
+        }
+    }
+}

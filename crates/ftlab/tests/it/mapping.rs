@@ -1,0 +1,193 @@
+//! Property tests of every mapping table against a HashMap oracle: random, sequential, strided,
+//! descending and trace-shaped sequences with overwrites and trims across group boundaries. The
+//! learned table runs with a tiny buffer so that it merges often, and after every merge every
+//! LPN the buffer does not hold is read back from the compressed layer itself.
+
+use ftlab::ftl::mapping::learned::GROUP_LPNS;
+use ftlab::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+/// Three whole groups and a partial one: every boundary is exercised.
+const LPNS: u32 = 3 * GROUP_LPNS as u32 + 123;
+
+#[derive(Clone, Debug)]
+enum Pattern {
+    /// `count` pages from `lpn` upward, PPNs from the log head (a sequential write).
+    Sequential {
+        lpn: u32,
+        count: u32,
+    },
+    /// Every `stride`-th page.
+    Strided {
+        lpn: u32,
+        count: u32,
+        stride: u32,
+    },
+    /// `count` pages from `lpn` downward.
+    Descending {
+        lpn: u32,
+        count: u32,
+    },
+    /// One page anywhere.
+    Random {
+        lpn: u32,
+    },
+    /// One page with an arbitrary PPN (not the log head): worst-case values.
+    RandomPpn {
+        lpn: u32,
+        ppn: u32,
+    },
+    Trim {
+        lpn: u32,
+        count: u32,
+    },
+}
+
+fn pattern() -> impl Strategy<Value = Pattern> {
+    prop_oneof![
+        3 => (0..LPNS, 1..3000u32).prop_map(|(lpn, count)| Pattern::Sequential { lpn, count }),
+        1 => (0..LPNS, 1..400u32, 2..9u32).prop_map(|(lpn, count, stride)| Pattern::Strided { lpn, count, stride }),
+        1 => (0..LPNS, 1..2000u32).prop_map(|(lpn, count)| Pattern::Descending { lpn, count }),
+        4 => (0..LPNS).prop_map(|lpn| Pattern::Random { lpn }),
+        1 => (0..LPNS, 0..u32::MAX).prop_map(|(lpn, ppn)| Pattern::RandomPpn { lpn, ppn }),
+        2 => (0..LPNS, 1..2500u32).prop_map(|(lpn, count)| Pattern::Trim { lpn, count }),
+    ]
+}
+
+/// Expands patterns into (lpn, Some(ppn) | None) operations; PPNs come from a log head, as a
+/// log-structured FTL assigns them.
+fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
+    let mut ops = Vec::new();
+    let mut head = 0u32;
+    let mut write = |lpn: u32, ops: &mut Vec<_>| {
+        ops.push((lpn, Some(head)));
+        head += 1;
+    };
+    for p in patterns {
+        match *p {
+            Pattern::Sequential { lpn, count } => {
+                for l in lpn..(lpn + count).min(LPNS) {
+                    write(l, &mut ops);
+                }
+            }
+            Pattern::Strided { lpn, count, stride } => {
+                for k in 0..count {
+                    let l = lpn + k * stride;
+                    if l < LPNS {
+                        write(l, &mut ops);
+                    }
+                }
+            }
+            Pattern::Descending { lpn, count } => {
+                for l in (lpn.saturating_sub(count)..=lpn).rev() {
+                    write(l, &mut ops);
+                }
+            }
+            Pattern::Random { lpn } => write(lpn, &mut ops),
+            Pattern::RandomPpn { lpn, ppn } => ops.push((lpn, Some(ppn))),
+            Pattern::Trim { lpn, count } => {
+                for l in lpn..(lpn + count).min(LPNS) {
+                    ops.push((l, None));
+                }
+            }
+        }
+    }
+    ops
+}
+
+fn check_table<M: MappingTable>(
+    table: &mut M,
+    ops: &[(u32, Option<u32>)],
+    mut after_op: impl FnMut(&M, &HashMap<u32, u32>),
+) {
+    let mut oracle: HashMap<u32, u32> = HashMap::new();
+    for &(lpn, value) in ops {
+        let (old, expected) = match value {
+            Some(ppn) => (table.set(lpn, ppn), oracle.insert(lpn, ppn)),
+            None => (table.remove(lpn), oracle.remove(&lpn)),
+        };
+        assert_eq!(
+            old,
+            expected,
+            "{} previous value of lpn {lpn}",
+            table.name()
+        );
+        assert_eq!(table.live_mappings(), oracle.len() as u64);
+        after_op(table, &oracle);
+    }
+    for lpn in 0..LPNS {
+        assert_eq!(
+            table.get(lpn),
+            oracle.get(&lpn).copied(),
+            "{} lpn {lpn}",
+            table.name()
+        );
+    }
+    table.compact();
+    for lpn in 0..LPNS {
+        assert_eq!(
+            table.get(lpn),
+            oracle.get(&lpn).copied(),
+            "{} lpn {lpn} after compact",
+            table.name()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_table_matches_a_hashmap(patterns in prop::collection::vec(pattern(), 1..40)) {
+        let ops = expand(&patterns);
+        check_table(&mut FlatMapping::new(u64::from(LPNS)), &ops, |_, _| {});
+        check_table(&mut HashMapping::new(), &ops, |_, _| {});
+        check_table(&mut ExtentMapping::new(), &ops, |_, _| {});
+        let mut merges_seen = 0;
+        let mut learned = LearnedMapping::with_buffer(u64::from(LPNS), 64);
+        check_table(&mut learned, &ops, |t, oracle| {
+            if t.stats().merges == merges_seen {
+                return;
+            }
+            merges_seen = t.stats().merges;
+            assert!(t.buffered_entries() <= t.buffer_bound());
+            for lpn in 0..LPNS {
+                if !t.is_buffered(lpn) {
+                    assert_eq!(t.compressed(lpn), oracle.get(&lpn).copied(), "compressed lpn {lpn}");
+                }
+            }
+        });
+        prop_assert_eq!(learned.buffered_entries(), 0);
+        for lpn in 0..LPNS {
+            prop_assert!(!learned.is_buffered(lpn));
+        }
+    }
+}
+
+#[test]
+fn uniformly_random_ppns_cost_at_most_four_and_a_half_bytes() {
+    let mut t = LearnedMapping::new(1 << 20);
+    let mut x = 12345u64;
+    for lpn in 0..1u32 << 20 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        t.set(lpn, ((x >> 32) as u32).min(u32::MAX - 1));
+    }
+    t.compact();
+    let per = t.heap_bytes() as f64 / t.live_mappings() as f64;
+    assert!(per <= 4.5, "{per} bytes per mapping");
+}
+
+#[test]
+fn a_sequential_fill_costs_almost_nothing() {
+    let mut t = LearnedMapping::new(1 << 20);
+    for lpn in 0..1u32 << 20 {
+        t.set(lpn, lpn + 77);
+    }
+    t.compact();
+    let per = t.heap_bytes() as f64 / t.live_mappings() as f64;
+    assert!(per < 0.02, "{per} bytes per mapping");
+    assert_eq!(t.get(12345), Some(12345 + 77));
+}
