@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 mod bench;
 mod bench_serve;
 mod bench_store;
+mod mapbench_cmd;
 mod plot;
 mod serve;
 
@@ -30,6 +31,7 @@ ftlab sim --trace pgbench.nbdlog.gz --set capacity.logical_bytes=4294967296 --js
 ftlab sim --set workload.kind=zipf --set workload.read_pcent=30 --set workload.queue_depth=64\n  \
 ftlab plot r.json                           # r-waf.png/svg, r-latency.png/svg\n  \
 ftlab bench                                 # simulator speed\n  \
+ftlab mapbench rocksdb.nbdlog.gz            # mapping tables side by side (--json r.json)\n  \
 ftlab presets                               # list presets; ftlab config --preset hexa shows one"
 )]
 struct Cli {
@@ -51,6 +53,9 @@ enum Command {
     },
     /// Measure simulator speed (simulated host page writes per wall second) and trace replay.
     Bench(bench::BenchArgs),
+    /// Compare mapping tables (flat u64/u32, hash, extent, learned) on traces: speed, memory,
+    /// lossless read-back.
+    Mapbench(mapbench_cmd::MapbenchArgs),
     /// Serve the emulated SSD over NBD (fio, qemu, nbdfuse + ext4 ...), FTL model in the loop.
     Serve(serve::ServeArgs),
     /// List the built-in presets.
@@ -250,6 +255,7 @@ fn main() {
         Command::Sim(args) => run_sim(args),
         Command::Plot { report, out } => plot::run(&report, out.as_deref()),
         Command::Bench(args) => bench::run(args),
+        Command::Mapbench(args) => mapbench_cmd::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Presets => {
             for p in PRESETS {

@@ -170,7 +170,8 @@ fn precondition<M: MappingTable>(
     ftl.flush(t).max(ftl.timing().horizon_ns())
 }
 
-fn run_with<M: MappingTable>(
+/// Runs the configured simulation on a given mapping table.
+pub fn run_with<M: MappingTable>(
     config: &Config,
     map: M,
     progress: &mut dyn FnMut(Progress),

@@ -1,0 +1,533 @@
+//! `ftlab mapbench`: mapping tables side by side on a trace's update stream.
+//!
+//! The update stream is what a page-mapping FTL asks of its table: one SET per written page, one
+//! REMOVE per trimmed page, in trace order. PPNs come either from a log head (each page write
+//! takes the next PPN, the JDB-FTL report's method) or from the simulator itself (its real
+//! PPNs, GC relocations included). Lookups (GET) are every page the trace reads or writes, in
+//! trace order, after the updates. Every table is then read back in full against an oracle and
+//! its memory measured twice: its own exact accounting and the allocator's statistics.
+//!
+//! Must not know: any table's internals (everything goes through `MappingTable`).
+
+use crate::config::ConfigBuilder;
+use crate::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
+use crate::request::Op;
+use crate::trace::{TraceFormat, TraceReader};
+use serde::Serialize;
+use std::cell::RefCell;
+use std::hint::black_box;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// An update's value meaning "unmap" (TRIM).
+pub const REMOVE: u32 = u32::MAX;
+
+/// The tables `mapbench` knows, in the order it prints them.
+pub const TABLE_NAMES: [&str; 5] = ["flat-u64", "flat-u32", "hash", "extent", "learned"];
+
+/// A trace reduced to what a mapping table sees.
+#[derive(Clone, Debug, Default)]
+pub struct MapOps {
+    /// (lpn, ppn) or (lpn, REMOVE), in order.
+    pub updates: Vec<(u32, u32)>,
+    /// LPNs looked up, in order.
+    pub gets: Vec<u32>,
+    pub logical_pages: u64,
+    /// Page writes (SETs) among the updates.
+    pub writes: u64,
+}
+
+impl MapOps {
+    /// The final mapping, computed independently of every table: the oracle.
+    pub fn oracle(&self) -> Vec<u32> {
+        let mut map = vec![REMOVE; self.logical_pages as usize];
+        for &(lpn, v) in &self.updates {
+            map[lpn as usize] = v;
+        }
+        map
+    }
+}
+
+/// Which PPNs the updates carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PpnSource {
+    /// Each page write takes the next PPN (a log head), as the JDB-FTL report assigns them.
+    LogHead,
+    /// The simulator's PPNs (default preset sized to the device), GC relocations included.
+    Simulator,
+}
+
+const PAGE_BYTES: u64 = 4096;
+
+/// Reads `path` into page-level updates and lookups. `device_bytes`: the LPN space (None: the
+/// highest address the trace touches, rounded up to a GiB).
+pub fn ops_from_trace(
+    path: &Path,
+    format: Option<TraceFormat>,
+    device_bytes: Option<u64>,
+    source: PpnSource,
+) -> anyhow::Result<MapOps> {
+    let mut reader = TraceReader::open(path, format, false)?;
+    let mut requests = Vec::new();
+    let mut end_bytes = 0u64;
+    while let Some(r) = reader.next_request()? {
+        end_bytes = end_bytes.max(r.offset_bytes + r.length_bytes);
+        requests.push(r);
+    }
+    let device_bytes = device_bytes.unwrap_or(end_bytes.div_ceil(1 << 30).max(1) << 30);
+    let logical_pages = device_bytes / PAGE_BYTES;
+    anyhow::ensure!(
+        logical_pages <= 1 << 32,
+        "{}: device of {device_bytes} bytes has more than 2^32 pages",
+        path.display()
+    );
+    anyhow::ensure!(
+        end_bytes <= device_bytes,
+        "{}: requests reach byte {end_bytes}, beyond the device's {device_bytes} (--device-bytes)",
+        path.display()
+    );
+    let mut ops = MapOps {
+        logical_pages,
+        ..MapOps::default()
+    };
+    for r in &requests {
+        let first = r.offset_bytes / PAGE_BYTES;
+        let end = (r.offset_bytes + r.length_bytes).div_ceil(PAGE_BYTES);
+        if matches!(r.op, Op::Read | Op::Write) {
+            ops.gets.extend((first..end).map(|l| l as u32));
+        }
+    }
+    match source {
+        PpnSource::LogHead => {
+            let mut head = 0u32;
+            for r in &requests {
+                match r.op {
+                    Op::Write => {
+                        let first = r.offset_bytes / PAGE_BYTES;
+                        let end = (r.offset_bytes + r.length_bytes).div_ceil(PAGE_BYTES);
+                        for lpn in first..end {
+                            ops.updates.push((lpn as u32, head));
+                            head =
+                                head.checked_add(1)
+                                    .filter(|&h| h != REMOVE)
+                                    .ok_or_else(|| {
+                                        anyhow::anyhow!(
+                                            "{}: more than 2^32 page writes",
+                                            path.display()
+                                        )
+                                    })?;
+                        }
+                    }
+                    Op::Trim => {
+                        // Only whole pages are deallocated, as the FTL does.
+                        let first = r.offset_bytes.div_ceil(PAGE_BYTES);
+                        let end = (r.offset_bytes + r.length_bytes) / PAGE_BYTES;
+                        ops.updates
+                            .extend((first..end).map(|lpn| (lpn as u32, REMOVE)));
+                    }
+                    Op::Read | Op::Flush => {}
+                }
+            }
+        }
+        PpnSource::Simulator => {
+            ops.updates = simulator_updates(path, format, device_bytes)?;
+        }
+    }
+    ops.writes = ops.updates.iter().filter(|u| u.1 != REMOVE).count() as u64;
+    Ok(ops)
+}
+
+/// A table that records every update the FTL makes to it.
+struct Recording {
+    inner: FlatMapping,
+    log: Rc<RefCell<Vec<(u32, u32)>>>,
+}
+
+impl MappingTable for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn get(&self, lpn: u32) -> Option<u32> {
+        self.inner.get(lpn)
+    }
+    fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
+        self.log.borrow_mut().push((lpn, ppn));
+        self.inner.set(lpn, ppn)
+    }
+    fn remove(&mut self, lpn: u32) -> Option<u32> {
+        let old = self.inner.remove(lpn);
+        if old.is_some() {
+            self.log.borrow_mut().push((lpn, REMOVE));
+        }
+        old
+    }
+    fn live_mappings(&self) -> u64 {
+        self.inner.live_mappings()
+    }
+    fn heap_bytes(&self) -> usize {
+        self.inner.heap_bytes()
+    }
+}
+
+fn simulator_updates(
+    path: &Path,
+    format: Option<TraceFormat>,
+    device_bytes: u64,
+) -> anyhow::Result<Vec<(u32, u32)>> {
+    let mut builder = ConfigBuilder::from_preset(crate::config::DEFAULT_PRESET)?;
+    builder.set(&format!("capacity.logical_bytes={device_bytes}"))?;
+    builder.set(&format!(
+        "workload.trace={}",
+        toml::Value::String(path.display().to_string())
+    ))?;
+    if let Some(f) = format {
+        builder.set(&format!("workload.format=\"{}\"", f.name()))?;
+    }
+    let config = builder.build()?;
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let table = Recording {
+        inner: FlatMapping::new(config.geometry()?.logical_pages),
+        log: log.clone(),
+    };
+    crate::sim::run_with(&config, table, &mut |_| {})?;
+    let updates = log.take();
+    Ok(updates)
+}
+
+/// One table's figures. `bytes` is measured after `compact()` (update buffers merged, spare
+/// capacity returned); `allocator_bytes` is what glibc's own statistics say the same table holds.
+#[derive(Clone, Debug, Serialize)]
+pub struct TableResult {
+    pub name: String,
+    pub bytes: u64,
+    pub bytes_per_live_mapping: f64,
+    /// Bytes before `compact()`: update buffer and spare capacity included.
+    pub bytes_before_compact: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_bytes: Option<u64>,
+    pub total_ms: f64,
+    pub get_mops: f64,
+    pub set_mops: f64,
+    pub get_p50_ns: f64,
+    pub get_p99_ns: f64,
+    pub set_p50_ns: f64,
+    pub set_p99_ns: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compressed_get_fraction: Option<f64>,
+    pub lossless_verified: bool,
+}
+
+/// The whole comparison, as `--json` writes it.
+#[derive(Clone, Debug, Serialize)]
+pub struct MapBench {
+    pub trace: String,
+    pub ppns: String,
+    pub logical_pages: u64,
+    pub updates: u64,
+    pub gets: u64,
+    pub live_mappings: u64,
+    /// The learned table's figure (the only table with a compressed layer).
+    pub compressed_get_fraction: Option<f64>,
+    pub latency_method: String,
+    pub tables: Vec<TableResult>,
+}
+
+/// One u64 per logical page, the JDB-FTL report's baseline.
+pub struct FlatU64 {
+    ppn_of_lpn: Vec<u64>,
+    live: u64,
+}
+
+impl FlatU64 {
+    pub fn new(logical_pages: u64) -> Self {
+        Self {
+            ppn_of_lpn: crate::table::filled(logical_pages as usize, u64::MAX),
+            live: 0,
+        }
+    }
+}
+
+impl MappingTable for FlatU64 {
+    fn name(&self) -> &'static str {
+        "flat-u64"
+    }
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        let v = self.ppn_of_lpn[lpn as usize];
+        (v != u64::MAX).then_some(v as u32)
+    }
+    #[inline]
+    fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
+        let old = std::mem::replace(&mut self.ppn_of_lpn[lpn as usize], u64::from(ppn));
+        self.live += u64::from(old == u64::MAX);
+        (old != u64::MAX).then_some(old as u32)
+    }
+    #[inline]
+    fn remove(&mut self, lpn: u32) -> Option<u32> {
+        let old = std::mem::replace(&mut self.ppn_of_lpn[lpn as usize], u64::MAX);
+        self.live -= u64::from(old != u64::MAX);
+        (old != u64::MAX).then_some(old as u32)
+    }
+    fn live_mappings(&self) -> u64 {
+        self.live
+    }
+    fn heap_bytes(&self) -> usize {
+        self.ppn_of_lpn.capacity() * 8
+    }
+}
+
+/// Bytes glibc reports in use (small chunks plus mmapped ones); None on other platforms.
+pub fn allocator_in_use() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let m = unsafe { libc::mallinfo2() };
+        Some((m.uordblks + m.hblkhd) as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
+}
+
+/// Per-operation timing with the time-stamp counter: `rdtscp` waits for earlier instructions,
+/// its own cost (measured) is subtracted, and ticks are converted with a rate calibrated against
+/// the OS clock. One op per sample, so a slow op is seen as slow (no averaging inside batches).
+struct Clock {
+    ticks_per_ns: f64,
+    overhead_ticks: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn ticks() -> u64 {
+    let mut aux = 0u32;
+    // SAFETY: rdtscp has no memory effects; every x86_64 CPU this runs on has it.
+    unsafe { core::arch::x86_64::__rdtscp(&mut aux) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn ticks() -> u64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+impl Clock {
+    fn calibrate() -> Self {
+        let (t0, i0) = (ticks(), Instant::now());
+        while i0.elapsed().as_millis() < 20 {
+            std::hint::spin_loop();
+        }
+        let ticks_per_ns = (ticks() - t0) as f64 / i0.elapsed().as_nanos() as f64;
+        let mut overhead = u64::MAX;
+        for _ in 0..10_000 {
+            let a = ticks();
+            let b = ticks();
+            overhead = overhead.min(b - a);
+        }
+        Clock {
+            ticks_per_ns,
+            overhead_ticks: overhead,
+        }
+    }
+    fn method(&self) -> String {
+        format!(
+            "{}: one sample per operation, timer cost ({} ticks) subtracted, {:.3} ticks/ns",
+            if cfg!(target_arch = "x86_64") {
+                "rdtscp"
+            } else {
+                "monotonic clock"
+            },
+            self.overhead_ticks,
+            self.ticks_per_ns
+        )
+    }
+}
+
+fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+#[inline]
+fn apply<M: MappingTable>(table: &mut M, (lpn, v): (u32, u32)) -> Option<u32> {
+    if v == REMOVE {
+        table.remove(lpn)
+    } else {
+        table.set(lpn, v)
+    }
+}
+
+/// Runs one table through `ops`: a throughput pass (whole phases timed), a latency pass on a
+/// fresh table (each op timed), a full read-back against `oracle`, and the memory figures.
+pub fn run_table<M: MappingTable>(
+    make: impl Fn() -> M,
+    ops: &MapOps,
+    oracle: &[u32],
+) -> TableResult {
+    let clock = Clock::calibrate();
+    let before = allocator_in_use();
+    let mut table = make();
+    let t0 = Instant::now();
+    for &u in &ops.updates {
+        black_box(apply(&mut table, u));
+    }
+    let set_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for &lpn in &ops.gets {
+        black_box(table.get(black_box(lpn)));
+    }
+    let get_s = t1.elapsed().as_secs_f64();
+    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let compressed_get_fraction = table.compressed_get_fraction();
+
+    let mut ok = table.live_mappings() == oracle.iter().filter(|&&v| v != REMOVE).count() as u64;
+    for (lpn, &v) in oracle.iter().enumerate() {
+        ok &= table.get(lpn as u32) == (v != REMOVE).then_some(v);
+    }
+    let bytes_before_compact = table.heap_bytes() as u64;
+    table.compact();
+    for (lpn, &v) in oracle.iter().enumerate() {
+        ok &= table.get(lpn as u32) == (v != REMOVE).then_some(v);
+    }
+    let bytes = table.heap_bytes() as u64;
+    let allocator_bytes = before
+        .zip(allocator_in_use())
+        .map(|(b, a)| a.saturating_sub(b));
+    let live = table.live_mappings();
+    let name = table.name().to_string();
+    drop(table);
+
+    // Latency pass: the same sequence on a fresh table, one timestamp pair per op.
+    let mut table = make();
+    let (mut set_h, mut get_h) = (histogram(), histogram());
+    let to_ns = |d: u64| {
+        ((d.saturating_sub(clock.overhead_ticks)) as f64 / clock.ticks_per_ns).max(1.0) as u64
+    };
+    for &u in &ops.updates {
+        let a = ticks();
+        black_box(apply(&mut table, u));
+        let b = ticks();
+        set_h.saturating_record(to_ns(b - a));
+    }
+    for &lpn in &ops.gets {
+        let a = ticks();
+        black_box(table.get(black_box(lpn)));
+        let b = ticks();
+        get_h.saturating_record(to_ns(b - a));
+    }
+    let q = |h: &hdrhistogram::Histogram<u64>, p: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(p) as f64
+        }
+    };
+    let mops = |n: usize, s: f64| {
+        if s > 0.0 {
+            crate::report::round6(n as f64 / s / 1e6)
+        } else {
+            0.0
+        }
+    };
+    TableResult {
+        name,
+        bytes,
+        bytes_per_live_mapping: if live == 0 {
+            0.0
+        } else {
+            crate::report::round6(bytes as f64 / live as f64)
+        },
+        bytes_before_compact,
+        allocator_bytes,
+        total_ms: crate::report::round6(total_ms),
+        get_mops: mops(ops.gets.len(), get_s),
+        set_mops: mops(ops.updates.len(), set_s),
+        get_p50_ns: q(&get_h, 0.5),
+        get_p99_ns: q(&get_h, 0.99),
+        set_p50_ns: q(&set_h, 0.5),
+        set_p99_ns: q(&set_h, 0.99),
+        compressed_get_fraction: compressed_get_fraction.map(crate::report::round6),
+        lossless_verified: ok,
+    }
+}
+
+/// Runs the named tables over `ops`.
+pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String]) -> MapBench {
+    let oracle = ops.oracle();
+    let pages = ops.logical_pages;
+    let mut results = Vec::new();
+    for name in tables {
+        let r = match name.as_str() {
+            "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle),
+            "flat-u32" => {
+                let mut r = run_table(|| FlatMapping::new(pages), ops, &oracle);
+                r.name = "flat-u32".into();
+                r
+            }
+            "hash" => run_table(HashMapping::new, ops, &oracle),
+            "extent" => run_table(ExtentMapping::new, ops, &oracle),
+            "learned" => run_table(|| LearnedMapping::new(pages), ops, &oracle),
+            other => panic!("unknown table {other}; the command line checks names"),
+        };
+        results.push(r);
+    }
+    MapBench {
+        trace: trace.to_string(),
+        ppns: match ppns {
+            PpnSource::LogHead => "log-head",
+            PpnSource::Simulator => "simulator",
+        }
+        .into(),
+        logical_pages: pages,
+        updates: ops.updates.len() as u64,
+        gets: ops.gets.len() as u64,
+        live_mappings: oracle.iter().filter(|&&v| v != REMOVE).count() as u64,
+        compressed_get_fraction: results.iter().find_map(|r| r.compressed_get_fraction),
+        latency_method: Clock::calibrate().method(),
+        tables: results,
+    }
+}
+
+/// `MapBench` as a Markdown table.
+pub fn markdown(b: &MapBench) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} ({} PPNs): {} LPNs, {} updates, {} lookups, {} live mappings\n",
+        b.trace, b.ppns, b.logical_pages, b.updates, b.gets, b.live_mappings
+    );
+    let _ = writeln!(
+        o,
+        "| table | total ms | GET Mops/s | SET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"
+    );
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for t in &b.tables {
+        let _ = writeln!(
+            o,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.3} | {} |",
+            t.name,
+            t.total_ms,
+            t.get_mops,
+            t.set_mops,
+            t.get_p50_ns,
+            t.get_p99_ns,
+            t.set_p50_ns,
+            t.set_p99_ns,
+            t.bytes,
+            t.allocator_bytes
+                .map_or_else(|| "-".into(), |a| a.to_string()),
+            t.bytes_per_live_mapping,
+            if t.lossless_verified { "yes" } else { "NO" }
+        );
+    }
+    if let Some(f) = b.compressed_get_fraction {
+        let _ = writeln!(
+            o,
+            "\nlearned: {:.1} % of lookups answered by the compressed layer",
+            100.0 * f
+        );
+    }
+    let _ = writeln!(o, "latency: {}", b.latency_method);
+    o
+}
