@@ -31,16 +31,26 @@ const HEADER_BYTES: usize = 24;
 const PAD_BYTES: usize = 8;
 pub const UNMAPPED: u32 = u32::MAX;
 
+// Blobs are only ever made by `encode`, whose layout keeps every read below in bounds (the
+// padding covers the 8-byte loads); lookups are the hot path, so reads skip the bounds checks
+// that debug builds (and the test profile) still make.
+
 #[inline]
 fn rd16(b: &[u8], at: usize) -> u32 {
-    u32::from(u16::from_le_bytes([b[at], b[at + 1]]))
+    debug_assert!(at + 2 <= b.len());
+    // SAFETY: in bounds by construction (see above).
+    u32::from(u16::from_le(unsafe {
+        std::ptr::read_unaligned(b.as_ptr().add(at) as *const u16)
+    }))
 }
 
 /// `width` (<= 56) bits starting `bit` bits after byte `at`.
 #[inline]
 fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
     let p = at + (bit / 8) as usize;
-    let word = u64::from_le_bytes(b[p..p + 8].try_into().expect("8 bytes"));
+    debug_assert!(p + 8 <= b.len());
+    // SAFETY: in bounds by construction (see above).
+    let word = u64::from_le(unsafe { std::ptr::read_unaligned(b.as_ptr().add(p) as *const u64) });
     (word >> (bit % 8)) & ((1u64 << width) - 1)
 }
 
@@ -145,31 +155,66 @@ fn last_le(b: &[u8], at: usize, n: usize, key: u32) -> Option<usize> {
     lo.checked_sub(1)
 }
 
+/// What a lookup learns: the PPN of the offset asked for, and the range `lo..hi` of offsets
+/// around it that continue it (consecutive PPNs, or all unmapped), so that a caller can answer
+/// neighbours without another search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub ppn: Option<u32>,
+    pub lo: u32,
+    pub hi: u32,
+}
+
 /// The PPN of group offset `off`, if mapped.
 #[inline]
 pub fn get(b: &[u8], off: u32) -> Option<u32> {
+    lookup(b, off).ppn
+}
+
+#[inline]
+pub fn lookup(b: &[u8], off: u32) -> Lookup {
     let h = Header::read(b);
-    let rank = if h.n_intervals == 0 {
-        off
+    // The run of mapped offsets holding `off`: [start, start + len), ranks from `rank0`.
+    let (start, len, rank0) = if h.n_intervals == 0 {
+        (0, GROUP_LPNS as u32, 0)
     } else {
-        let i = last_le(b, HEADER_BYTES, h.n_intervals, off)?;
         let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
+        let next_start = |i: usize| {
+            if i < h.n_intervals {
+                rd16(b, HEADER_BYTES + 2 * i)
+            } else {
+                GROUP_LPNS as u32
+            }
+        };
+        let Some(i) = last_le(b, HEADER_BYTES, h.n_intervals, off) else {
+            return Lookup {
+                ppn: None,
+                lo: 0,
+                hi: next_start(0),
+            };
+        };
         let start = rd16(b, HEADER_BYTES + 2 * i);
-        let rank = rd16(b, ranks_at + 2 * i);
+        let rank0 = rd16(b, ranks_at + 2 * i);
         let next_rank = if i + 1 < h.n_intervals {
             rd16(b, ranks_at + 2 * (i + 1))
         } else {
             h.live
         };
-        let d = off - start;
-        if d >= next_rank - rank {
-            return None;
+        let len = next_rank - rank0;
+        if off - start >= len {
+            return Lookup {
+                ppn: None,
+                lo: start + len,
+                hi: next_start(i + 1),
+            };
         }
-        rank + d
+        (start, len, rank0)
     };
+    let rank = rank0 + (off - start);
     let seg_at = HEADER_BYTES + 4 * h.n_intervals;
     let j = last_le(b, seg_at, h.n_segments, rank).expect("segment 0 starts at rank 0");
-    let dx = rank - rd16(b, seg_at + 2 * j);
+    let seg_first = rd16(b, seg_at + 2 * j);
+    let dx = rank - seg_first;
     let (base, slope, width, res_off) = h.record(b, j);
     let residual = rd_bits(
         b,
@@ -177,7 +222,25 @@ pub fn get(b: &[u8], off: u32) -> Option<u32> {
         res_off + u64::from(dx) * u64::from(width),
         width,
     );
-    Some((predict(base, slope, dx) + residual as i64) as u32)
+    let ppn = (predict(base, slope, dx) + residual as i64) as u32;
+    let (lo, hi) = if slope == 1 << fit::SLOPE_FRAC_BITS && width == 0 {
+        let seg_end = if j + 1 < h.n_segments {
+            rd16(b, seg_at + 2 * (j + 1))
+        } else {
+            h.live
+        };
+        (
+            start.max(off - dx),
+            (start + len).min(off + (seg_end - rank)),
+        )
+    } else {
+        (off, off + 1)
+    };
+    Lookup {
+        ppn: Some(ppn),
+        lo,
+        hi,
+    }
 }
 
 /// Writes every mapping of the blob into `dense` (indexed by group offset).
@@ -287,7 +350,7 @@ fn layout(n_intervals: usize, segs: &[Segment]) -> Layout {
 
 /// Error bounds tried for each group; the smallest encoding wins. 0 finds exact runs; the
 /// larger ones trade residual bits for fewer segments.
-const EPSILONS: [i64; 5] = [0, 7, 127, 2047, 32767];
+const EPSILONS: [i64; 2] = [0, 127];
 
 /// Encodes `dense` (one PPN or `UNMAPPED` per group offset). None when nothing is mapped.
 pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
@@ -403,7 +466,17 @@ mod tests {
         };
         for (off, &ppn) in dense.iter().enumerate() {
             let expect = (ppn != UNMAPPED).then_some(ppn);
-            assert_eq!(get(&blob, off as u32), expect, "offset {off}");
+            let l = lookup(&blob, off as u32);
+            assert_eq!(l.ppn, expect, "offset {off}");
+            assert!(l.lo <= off as u32 && (off as u32) < l.hi && l.hi as usize <= GROUP_LPNS);
+            // Every offset of the span continues the answer.
+            for o in l.lo..l.hi.min(dense.len() as u32) {
+                let want = expect.map(|p| (i64::from(p) + i64::from(o) - off as i64) as u32);
+                assert_eq!(
+                    (dense[o as usize] != UNMAPPED).then_some(dense[o as usize]),
+                    want
+                );
+            }
         }
         let mut back = vec![UNMAPPED; dense.len()];
         decode_into(&blob, &mut back);

@@ -77,6 +77,46 @@ struct Delta {
     runs: Vec<DeltaRun>,
 }
 
+/// The last lookup's answer for a whole range of LPNs (`lo..lo + len` map to consecutive PPNs
+/// from `ppn_lo`, or are all unmapped), from the buffer or the compressed layer: sequential
+/// lookups and updates skip the searches. It caches what the table maps, so merges (which change
+/// the representation, not the mapping) leave it valid; an update of an LPN inside it trims it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    lo: u32,
+    len: u32,
+    ppn_lo: u32,
+    buffered: bool,
+}
+
+const SPAN_UNMAPPED: u32 = u32::MAX;
+
+impl Span {
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<Option<u32>> {
+        let d = lpn.wrapping_sub(self.lo);
+        (d < self.len).then(|| (self.ppn_lo != SPAN_UNMAPPED).then(|| self.ppn_lo + d))
+    }
+
+    /// Forgets `lpn` (about to change): keeps the part after it, or the part before it.
+    #[inline]
+    fn forget(&mut self, lpn: u32) {
+        let d = lpn.wrapping_sub(self.lo);
+        if d >= self.len {
+            return;
+        }
+        if d == 0 {
+            self.lo += 1;
+            self.len -= 1;
+            if self.ppn_lo != SPAN_UNMAPPED {
+                self.ppn_lo += 1;
+            }
+        } else {
+            self.len = d;
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct LearnedStats {
     pub merges: u64,
@@ -93,6 +133,7 @@ pub struct LearnedMapping {
     buffer_min_entries: u64,
     gets: Cell<u64>,
     compressed_gets: Cell<u64>,
+    span: Cell<Span>,
     stats: LearnedStats,
 }
 
@@ -115,6 +156,7 @@ impl LearnedMapping {
             buffer_min_entries,
             gets: Cell::new(0),
             compressed_gets: Cell::new(0),
+            span: Cell::new(Span::default()),
             stats: LearnedStats::default(),
         }
     }
@@ -135,15 +177,58 @@ impl LearnedMapping {
     /// The current mapping and whether the buffer holds it, without counting a lookup.
     #[inline]
     fn lookup(&self, lpn: u32) -> (Option<u32>, bool) {
+        let span = self.span.get();
+        if let Some(ppn) = span.get(lpn) {
+            return (ppn, span.buffered);
+        }
+        self.lookup_slow(lpn)
+    }
+
+    /// Searches the buffer, then the compressed layer, and remembers the span found.
+    fn lookup_slow(&self, lpn: u32) -> (Option<u32>, bool) {
         let g = (lpn >> GROUP_SHIFT) as usize;
         let off = lpn & OFFSET_MASK;
+        let group_lpn = lpn - off;
+        // The buffer's runs next to `off` bound any span the compressed layer gives.
+        let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
         let d = self.delta_of_group[g];
         if d != NO_DELTA {
-            if let Some(v) = runs::lookup(&self.deltas[d as usize].runs, off) {
-                return ((v != TOMBSTONE).then_some(v), true);
+            let runs = &self.deltas[d as usize].runs;
+            let i = runs.partition_point(|r| r.start() <= off);
+            if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
+                let end = r.start() + r.len();
+                if off < end {
+                    self.span.set(Span {
+                        lo: group_lpn + r.start(),
+                        len: r.len(),
+                        ppn_lo: r.ppn,
+                        buffered: true,
+                    });
+                    let ppn = (r.ppn != TOMBSTONE).then(|| r.ppn + (off - r.start()));
+                    return (ppn, true);
+                }
+                lo = end;
+            }
+            if let Some(r) = runs.get(i) {
+                hi = r.start();
             }
         }
-        (self.compressed(lpn), false)
+        let found = match self.blobs[g].as_deref() {
+            Some(blob) => group::lookup(blob, off),
+            None => group::Lookup {
+                ppn: None,
+                lo: 0,
+                hi: GROUP_LPNS as u32,
+            },
+        };
+        let (lo, hi) = (lo.max(found.lo), hi.min(found.hi));
+        self.span.set(Span {
+            lo: group_lpn + lo,
+            len: hi - lo,
+            ppn_lo: found.ppn.map_or(SPAN_UNMAPPED, |p| p - (off - lo)),
+            buffered: false,
+        });
+        (found.ppn, false)
     }
 
     /// Whether the buffer holds the latest update of `lpn` (then the compressed layer may be
@@ -160,6 +245,7 @@ impl LearnedMapping {
     }
 
     fn write_delta(&mut self, lpn: u32, value: Option<u32>) {
+        self.span.get_mut().forget(lpn);
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
         let mut d = self.delta_of_group[g as usize];
@@ -238,6 +324,8 @@ impl LearnedMapping {
             }
         }
         self.blobs[g] = group::encode(dense, scratch);
+        // The span may say "buffered" for what is now compressed (only the statistics care).
+        *self.span.get_mut() = Span::default();
         self.stats.merges += 1;
         self.stats.merged_entries += u64::from(delta.entries);
     }
