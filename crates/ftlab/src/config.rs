@@ -249,6 +249,7 @@ const ALTERNATIVES: [(&str, &[&str]); 2] = [
 ];
 
 /// Builds a configuration layer by layer: preset, then files, then `key=value` overrides.
+#[derive(Clone)]
 pub struct ConfigBuilder {
     table: toml::Table,
 }

@@ -33,6 +33,8 @@ pub struct MapOps {
     pub updates: Vec<(u32, u32)>,
     /// LPNs looked up, in order.
     pub gets: Vec<u32>,
+    /// Every live LPN once, in a fixed random order (lookups no cache or span can predict).
+    pub random_gets: Vec<u32>,
     pub logical_pages: u64,
     /// Page writes (SETs) among the updates.
     pub writes: u64,
@@ -135,7 +137,21 @@ pub fn ops_from_trace(
         }
     }
     ops.writes = ops.updates.iter().filter(|u| u.1 != REMOVE).count() as u64;
+    ops.random_gets = shuffled_live(&ops.oracle());
     Ok(ops)
+}
+
+/// The mapped LPNs of `oracle`, shuffled (Fisher-Yates, fixed seed).
+fn shuffled_live(oracle: &[u32]) -> Vec<u32> {
+    let mut lpns: Vec<u32> = (0..oracle.len() as u32)
+        .filter(|&l| oracle[l as usize] != REMOVE)
+        .collect();
+    let mut rng = crate::rng::SplitMix64::new(0x6d61_7062);
+    for i in (1..lpns.len()).rev() {
+        let j = rng.bounded(i as u64 + 1) as usize;
+        lpns.swap(i, j);
+    }
+    lpns
 }
 
 /// A table that records every update the FTL makes to it.
@@ -170,12 +186,31 @@ impl MappingTable for Recording {
     }
 }
 
+/// Spare fraction of the simulated device behind `--ppns simulator`: 7 %, a common consumer
+/// drive's.
+pub const SIM_SPARE_FACTOR: f64 = 0.07;
+
 fn simulator_updates(
     path: &Path,
     format: Option<TraceFormat>,
     device_bytes: u64,
 ) -> anyhow::Result<Vec<(u32, u32)>> {
+    // The default preset's flash, with just enough blocks per die for the device plus
+    // SIM_SPARE_FACTOR spare and per-die superblocks, so that garbage collection relocates pages as in a real drive.
     let mut builder = ConfigBuilder::from_preset(crate::config::DEFAULT_PRESET)?;
+    let f = builder.clone().build()?.flash;
+    let block_row_bytes = u64::from(f.channels)
+        * u64::from(f.dies_per_channel)
+        * u64::from(f.planes_per_die)
+        * u64::from(f.pages_per_block)
+        * u64::from(f.page_size_bytes);
+    let physical_bytes = (device_bytes as f64 / (1.0 - SIM_SPARE_FACTOR)).ceil() as u64;
+    let blocks_per_die = physical_bytes.div_ceil(block_row_bytes).max(8);
+    builder.set(&format!("flash.blocks_per_die={blocks_per_die}"))?;
+    // Superblocks of one die's block: with few blocks per die, whole-device stripes would
+    // leave GC too few units to work with.
+    builder.set("flash.superblock_dies=1")?;
+    builder.set("workload.precondition=false")?;
     builder.set(&format!("capacity.logical_bytes={device_bytes}"))?;
     builder.set(&format!(
         "workload.trace={}",
@@ -209,6 +244,8 @@ pub struct TableResult {
     pub total_ms: f64,
     pub get_mops: f64,
     pub set_mops: f64,
+    /// Lookups of every live LPN in random order, after the trace-order lookups.
+    pub get_random_mops: f64,
     pub get_p50_ns: f64,
     pub get_p99_ns: f64,
     pub set_p50_ns: f64,
@@ -379,6 +416,11 @@ pub fn run_table<M: MappingTable>(
     let get_s = t1.elapsed().as_secs_f64();
     let total_ms = t0.elapsed().as_secs_f64() * 1e3;
     let compressed_get_fraction = table.compressed_get_fraction();
+    let t2 = Instant::now();
+    for &lpn in &ops.random_gets {
+        black_box(table.get(black_box(lpn)));
+    }
+    let random_s = t2.elapsed().as_secs_f64();
 
     let mut ok = table.live_mappings() == oracle.iter().filter(|&&v| v != REMOVE).count() as u64;
     for (lpn, &v) in oracle.iter().enumerate() {
@@ -442,6 +484,7 @@ pub fn run_table<M: MappingTable>(
         total_ms: crate::report::round6(total_ms),
         get_mops: mops(ops.gets.len(), get_s),
         set_mops: mops(ops.updates.len(), set_s),
+        get_random_mops: mops(ops.random_gets.len(), random_s),
         get_p50_ns: q(&get_h, 0.5),
         get_p99_ns: q(&get_h, 0.99),
         set_p50_ns: q(&set_h, 0.5),
@@ -499,17 +542,18 @@ pub fn markdown(b: &MapBench) -> String {
     );
     let _ = writeln!(
         o,
-        "| table | total ms | GET Mops/s | SET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"
+        "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"
     );
-    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for t in &b.tables {
         let _ = writeln!(
             o,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.3} | {} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.3} | {} |",
             t.name,
             t.total_ms,
             t.get_mops,
             t.set_mops,
+            t.get_random_mops,
             t.get_p50_ns,
             t.get_p99_ns,
             t.set_p50_ns,
@@ -530,4 +574,100 @@ pub fn markdown(b: &MapBench) -> String {
     }
     let _ = writeln!(o, "latency: {}", b.latency_method);
     o
+}
+
+/// The learned table on a device `tiles` times the trace's: the trace's updates repeated in each
+/// slice of the LPN space, PPNs continuing from the log head (tile k's i-th page write takes
+/// PPN k x writes + i). Updates are generated on the fly: the sequence itself would not fit in
+/// memory at 16 TiB.
+#[derive(Clone, Debug, Serialize)]
+pub struct TiledResult {
+    pub tiles: u64,
+    pub logical_pages: u64,
+    pub device_bytes: u64,
+    pub updates: u64,
+    pub live_mappings: u64,
+    pub bytes: u64,
+    pub allocator_bytes: Option<u64>,
+    pub bytes_per_live_mapping: f64,
+    pub set_mops: f64,
+    pub seconds: f64,
+    pub lossless_verified: bool,
+    /// What flat arrays would need for the same device.
+    pub flat_u32_bytes: u64,
+    pub flat_u64_bytes: u64,
+}
+
+/// Runs the tiled benchmark; `progress(done_tiles)` is called after each tile.
+pub fn run_tiled(
+    ops: &MapOps,
+    tiles: u64,
+    mut progress: impl FnMut(u64),
+) -> anyhow::Result<TiledResult> {
+    let tile_lpns = ops.logical_pages;
+    let logical_pages = tiles * tile_lpns;
+    anyhow::ensure!(
+        tiles >= 1 && logical_pages <= 1 << 32,
+        "{tiles} tiles of {tile_lpns} LPNs exceed 2^32 LPNs"
+    );
+    anyhow::ensure!(
+        u128::from(tiles) * u128::from(ops.writes) < u128::from(REMOVE),
+        "{tiles} tiles of {} page writes exceed 2^32 PPNs",
+        ops.writes
+    );
+    let oracle = ops.oracle();
+    let before = allocator_in_use();
+    let mut table = LearnedMapping::new(logical_pages);
+    let t0 = Instant::now();
+    for k in 0..tiles {
+        let lpn_base = (k * tile_lpns) as u32;
+        let ppn_base = (k * ops.writes) as u32;
+        for &(lpn, v) in &ops.updates {
+            let lpn = lpn_base + lpn;
+            if v == REMOVE {
+                black_box(table.remove(lpn));
+            } else {
+                black_box(table.set(lpn, ppn_base + v));
+            }
+        }
+        progress(k + 1);
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    table.compact();
+    let bytes = table.heap_bytes() as u64;
+    let allocator_bytes = before
+        .zip(allocator_in_use())
+        .map(|(b, a)| a.saturating_sub(b));
+    let live_per_tile = oracle.iter().filter(|&&v| v != REMOVE).count() as u64;
+    let mut ok = table.live_mappings() == live_per_tile * tiles;
+    for k in 0..tiles {
+        let lpn_base = (k * tile_lpns) as u32;
+        let ppn_base = (k * ops.writes) as u32;
+        for (lpn, &v) in oracle.iter().enumerate() {
+            let want = (v != REMOVE).then(|| ppn_base + v);
+            ok &= table.get(lpn_base + lpn as u32) == want;
+        }
+    }
+    let live = table.live_mappings();
+    Ok(TiledResult {
+        tiles,
+        logical_pages,
+        device_bytes: logical_pages * PAGE_BYTES,
+        updates: tiles * ops.updates.len() as u64,
+        live_mappings: live,
+        bytes,
+        allocator_bytes,
+        bytes_per_live_mapping: if live == 0 {
+            0.0
+        } else {
+            crate::report::round6(bytes as f64 / live as f64)
+        },
+        set_mops: crate::report::round6(
+            (tiles * ops.updates.len() as u64) as f64 / seconds.max(1e-9) / 1e6,
+        ),
+        seconds: crate::report::round6(seconds),
+        lossless_verified: ok,
+        flat_u32_bytes: logical_pages * 4,
+        flat_u64_bytes: logical_pages * 8,
+    })
 }

@@ -31,6 +31,11 @@ pub struct MapbenchArgs {
     /// rounded up to a GiB.
     #[arg(long)]
     device_bytes: Option<u64>,
+    /// Instead of the side-by-side comparison: repeat the (single, log-head) trace's pattern over
+    /// a device of this many bytes (e.g. 17592186044416 for 16 TiB) with the learned table alone,
+    /// and report its memory; flat arrays of that size are only computed.
+    #[arg(long, value_name = "BYTES")]
+    tile_to: Option<u64>,
     /// Write the results as JSON: one object per trace and PPN source (an array when several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -83,6 +88,9 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
         "simulator" => &[PpnSource::Simulator],
         _ => &[PpnSource::LogHead, PpnSource::Simulator],
     };
+    if let Some(bytes) = args.tile_to {
+        return run_tiled(&args, format, bytes);
+    }
     let mut all = Vec::new();
     for path in &args.traces {
         for &source in sources {
@@ -101,5 +109,55 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
         };
         std::fs::write(out, text + "\n").with_context(|| format!("writing {}", out.display()))?;
     }
+    Ok(())
+}
+
+fn run_tiled(args: &MapbenchArgs, format: Option<TraceFormat>, bytes: u64) -> Result<()> {
+    anyhow::ensure!(
+        args.traces.len() == 1 && args.ppns == "log-head",
+        "--tile-to takes one trace and log-head PPNs"
+    );
+    let path = &args.traces[0];
+    let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let tiles = bytes / 4096 / ops.logical_pages;
+    let mut view = crate::ProgressView::new(true);
+    let result = mapbench::run_tiled(&ops, tiles, |done| {
+        view.update(ftlab::sim::Progress {
+            phase: "tiling",
+            done,
+            total: Some(tiles),
+        })
+    })?;
+    view.finish();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "{} repeated {} times: {} LPNs ({:.1} TiB), {} updates in {:.1} s ({:.1} M/s)\n\
+         learned table: {:.3} GiB ({} bytes, allocator {}), {:.3} B per live mapping, {} live, lossless: {}\n\
+         flat u32 array would need {:.1} GiB, flat u64 {:.1} GiB",
+        path.display(),
+        result.tiles,
+        result.logical_pages,
+        gib(result.device_bytes) / 1024.0,
+        result.updates,
+        result.seconds,
+        result.set_mops,
+        gib(result.bytes),
+        result.bytes,
+        result.allocator_bytes.map_or_else(|| "-".into(), |a| a.to_string()),
+        result.bytes_per_live_mapping,
+        result.live_mappings,
+        if result.lossless_verified { "yes" } else { "NO" },
+        gib(result.flat_u32_bytes),
+        gib(result.flat_u64_bytes),
+    );
+    if let Some(out) = &args.json {
+        std::fs::write(out, serde_json::to_string_pretty(&result)? + "\n")
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    anyhow::ensure!(
+        result.lossless_verified,
+        "the learned table did not read back every mapping"
+    );
     Ok(())
 }

@@ -4,9 +4,8 @@
 //! LPN the buffer does not hold is read back from the compressed layer itself.
 
 use ftlab::ftl::mapping::learned::GROUP_LPNS;
-use ftlab::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
+use ftlab::ftl::mapping::{oracle, LearnedMapping, MappingTable};
 use proptest::prelude::*;
-use std::collections::HashMap;
 
 /// Three whole groups and a partial one: every boundary is exercised.
 const LPNS: u32 = 3 * GROUP_LPNS as u32 + 123;
@@ -96,72 +95,17 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
     ops
 }
 
-fn check_table<M: MappingTable>(
-    table: &mut M,
-    ops: &[(u32, Option<u32>)],
-    mut after_op: impl FnMut(&M, &HashMap<u32, u32>),
-) {
-    let mut oracle: HashMap<u32, u32> = HashMap::new();
-    for &(lpn, value) in ops {
-        let (old, expected) = match value {
-            Some(ppn) => (table.set(lpn, ppn), oracle.insert(lpn, ppn)),
-            None => (table.remove(lpn), oracle.remove(&lpn)),
-        };
-        assert_eq!(
-            old,
-            expected,
-            "{} previous value of lpn {lpn}",
-            table.name()
-        );
-        assert_eq!(table.live_mappings(), oracle.len() as u64);
-        after_op(table, &oracle);
-    }
-    for lpn in 0..LPNS {
-        assert_eq!(
-            table.get(lpn),
-            oracle.get(&lpn).copied(),
-            "{} lpn {lpn}",
-            table.name()
-        );
-    }
-    table.compact();
-    for lpn in 0..LPNS {
-        assert_eq!(
-            table.get(lpn),
-            oracle.get(&lpn).copied(),
-            "{} lpn {lpn} after compact",
-            table.name()
-        );
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
     fn every_table_matches_a_hashmap(patterns in prop::collection::vec(pattern(), 1..40)) {
-        let ops = expand(&patterns);
-        check_table(&mut FlatMapping::new(u64::from(LPNS)), &ops, |_, _| {});
-        check_table(&mut HashMapping::new(), &ops, |_, _| {});
-        check_table(&mut ExtentMapping::new(), &ops, |_, _| {});
-        let mut merges_seen = 0;
-        let mut learned = LearnedMapping::with_buffer(u64::from(LPNS), 64);
-        check_table(&mut learned, &ops, |t, oracle| {
-            if t.stats().merges == merges_seen {
-                return;
-            }
-            merges_seen = t.stats().merges;
-            assert!(t.buffered_entries() <= t.buffer_bound());
-            for lpn in 0..LPNS {
-                if !t.is_buffered(lpn) {
-                    assert_eq!(t.compressed(lpn), oracle.get(&lpn).copied(), "compressed lpn {lpn}");
-                }
-            }
-        });
-        prop_assert_eq!(learned.buffered_entries(), 0);
-        for lpn in 0..LPNS {
-            prop_assert!(!learned.is_buffered(lpn));
-        }
+        oracle::check_all(&expand(&patterns), LPNS, 64);
+    }
+
+    #[test]
+    fn fuzz_decoded_operations_match_a_hashmap(data in prop::collection::vec(any::<u8>(), 0..400)) {
+        oracle::check_all(&oracle::ops_from_bytes(&data, LPNS), LPNS, 32);
     }
 }
 

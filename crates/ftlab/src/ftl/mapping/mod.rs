@@ -42,6 +42,7 @@ pub fn prefetch_line<T>(p: *const T) {
 pub mod extent;
 pub mod hash;
 pub mod learned;
+pub mod oracle;
 pub mod runs;
 
 pub use extent::ExtentMapping;

@@ -140,19 +140,25 @@ impl Header {
 }
 
 /// Index of the last element of the ascending u16 array at `at` (length `n`) that is <= `key`,
-/// or None when all are greater.
+/// or None when all are greater. Branch-free halving: the loads do not wait on mispredicted
+/// comparisons (random lookups were bound by them).
 #[inline]
 fn last_le(b: &[u8], at: usize, n: usize, key: u32) -> Option<usize> {
-    let (mut lo, mut hi) = (0usize, n);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if rd16(b, at + 2 * mid) <= key {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
+    if n == 0 {
+        return None;
     }
-    lo.checked_sub(1)
+    let (mut base, mut len) = (0usize, n);
+    while len > 1 {
+        let half = len / 2;
+        let mid = base + half;
+        base = if rd16(b, at + 2 * mid) <= key {
+            mid
+        } else {
+            base
+        };
+        len -= half;
+    }
+    (rd16(b, at + 2 * base) <= key).then_some(base)
 }
 
 /// What a lookup learns: the PPN of the offset asked for, and the range `lo..hi` of offsets

@@ -26,8 +26,10 @@ const TOMBSTONE: u32 = u32::MAX;
 
 /// The buffer may hold this many LPNs at least...
 pub const BUFFER_MIN_ENTRIES: u64 = 4096;
-/// ...or one in this many live mappings, whichever is more.
+/// ...or one in this many live mappings, whichever is more...
 pub const BUFFER_LIVE_DIVISOR: u64 = 16;
+/// ...but never more than this (8 MiB of runs at worst, on any device size).
+pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 
 /// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
 /// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
@@ -129,6 +131,8 @@ pub struct LearnedMapping {
     delta_of_group: Vec<u32>,
     deltas: Vec<Delta>,
     buffered_entries: u64,
+    /// Where the search for the next delta to merge resumes.
+    clock: usize,
     live: u64,
     buffer_min_entries: u64,
     gets: Cell<u64>,
@@ -152,6 +156,7 @@ impl LearnedMapping {
             delta_of_group: vec![NO_DELTA; groups],
             deltas: Vec::new(),
             buffered_entries: 0,
+            clock: 0,
             live: 0,
             buffer_min_entries,
             gets: Cell::new(0),
@@ -297,10 +302,21 @@ impl LearnedMapping {
         let mut scratch = group::Scratch::default();
         let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
         while self.buffered_entries > self.buffer_bound() {
-            let fullest = (0..self.deltas.len())
-                .max_by_key(|&d| self.deltas[d].entries)
-                .expect("entries are buffered");
-            self.merge(fullest as u32, &mut scratch, &mut dense);
+            // A clock hand over the buffered groups picks the next one holding at least the
+            // mean number of entries (one always does): each merge folds at least an average
+            // share of the buffer, in O(1) amortised, however many groups are buffered.
+            let mean = self.buffered_entries.div_ceil(self.deltas.len() as u64);
+            let d = loop {
+                if self.clock >= self.deltas.len() {
+                    self.clock = 0;
+                }
+                let d = self.clock;
+                self.clock += 1;
+                if u64::from(self.deltas[d].entries) >= mean {
+                    break d;
+                }
+            };
+            self.merge(d as u32, &mut scratch, &mut dense);
         }
     }
 

@@ -1,0 +1,116 @@
+//! Checks every mapping table against a plain HashMap: shared by the property tests and the
+//! `mapping_tables` fuzz target, so both hold the tables to the same standard.
+
+use super::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
+use std::collections::HashMap;
+
+/// Replays `ops` ((lpn, Some(ppn)) = set, (lpn, None) = remove) on `table`, comparing every
+/// returned previous value and the live count with the oracle, then reads back every LPN below
+/// `lpns`, before and after `compact()`. `after_op` may inspect the table after each op.
+/// Panics on the first difference.
+pub fn check_table<M: MappingTable>(
+    table: &mut M,
+    ops: &[(u32, Option<u32>)],
+    lpns: u32,
+    mut after_op: impl FnMut(&M, &HashMap<u32, u32>),
+) {
+    let mut oracle: HashMap<u32, u32> = HashMap::new();
+    for &(lpn, value) in ops {
+        let (old, expected) = match value {
+            Some(ppn) => (table.set(lpn, ppn), oracle.insert(lpn, ppn)),
+            None => (table.remove(lpn), oracle.remove(&lpn)),
+        };
+        assert_eq!(
+            old,
+            expected,
+            "{}: previous value of lpn {lpn}",
+            table.name()
+        );
+        assert_eq!(
+            table.live_mappings(),
+            oracle.len() as u64,
+            "{}",
+            table.name()
+        );
+        after_op(table, &oracle);
+    }
+    for lpn in 0..lpns {
+        assert_eq!(
+            table.get(lpn),
+            oracle.get(&lpn).copied(),
+            "{} lpn {lpn}",
+            table.name()
+        );
+    }
+    table.compact();
+    for lpn in 0..lpns {
+        let want = oracle.get(&lpn).copied();
+        assert_eq!(
+            table.get(lpn),
+            want,
+            "{} lpn {lpn} after compact",
+            table.name()
+        );
+    }
+}
+
+/// All four tables on `ops`; the learned one with a buffer of `learned_buffer` entries, and after
+/// each of its merges every LPN the buffer does not hold is read from the compressed layer.
+pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64) {
+    check_table(&mut FlatMapping::new(u64::from(lpns)), ops, lpns, |_, _| {});
+    check_table(&mut HashMapping::new(), ops, lpns, |_, _| {});
+    check_table(&mut ExtentMapping::new(), ops, lpns, |_, _| {});
+    let mut merges_seen = 0;
+    let mut learned = LearnedMapping::with_buffer(u64::from(lpns), learned_buffer);
+    check_table(&mut learned, ops, lpns, |t, oracle| {
+        if t.stats().merges == merges_seen {
+            return;
+        }
+        merges_seen = t.stats().merges;
+        assert!(t.buffered_entries() <= t.buffer_bound());
+        for lpn in 0..lpns {
+            if !t.is_buffered(lpn) {
+                let want = oracle.get(&lpn).copied();
+                assert_eq!(t.compressed(lpn), want, "compressed layer, lpn {lpn}");
+            }
+        }
+    });
+    assert_eq!(
+        learned.buffered_entries(),
+        0,
+        "compact() leaves nothing buffered"
+    );
+}
+
+/// Decodes fuzzer bytes into operations over `lpns` LPNs: 7 bytes per op (kind, lpn, ppn);
+/// kinds write runs, strided runs, single pages with arbitrary PPNs, or trims.
+pub fn ops_from_bytes(data: &[u8], lpns: u32) -> Vec<(u32, Option<u32>)> {
+    let mut ops = Vec::new();
+    let mut head = 0u32;
+    for c in data.chunks_exact(7) {
+        let lpn = u32::from(u16::from_le_bytes([c[1], c[2]])) % lpns;
+        let x = u32::from_le_bytes([c[3], c[4], c[5], c[6]]);
+        let count = 1 + x % 512;
+        match c[0] % 4 {
+            0 => {
+                for l in lpn..(lpn + count).min(lpns) {
+                    ops.push((l, Some(head)));
+                    head = head.wrapping_add(1) % (u32::MAX - 1);
+                }
+            }
+            1 => {
+                let stride = 1 + (x >> 16) % 7;
+                for k in 0..count % 64 {
+                    let l = lpn + k * stride;
+                    if l < lpns {
+                        ops.push((l, Some(head)));
+                        head = head.wrapping_add(1) % (u32::MAX - 1);
+                    }
+                }
+            }
+            2 => ops.push((lpn, Some(x.min(u32::MAX - 1)))),
+            _ => ops.extend((lpn..(lpn + count).min(lpns)).map(|l| (l, None))),
+        }
+    }
+    ops
+}
