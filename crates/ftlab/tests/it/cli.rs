@@ -97,3 +97,49 @@ fn config_prints_the_resolved_preset() {
     let (ok, out, _) = ftlab(&["presets"]);
     assert!(ok && out.contains("validation-uniform"));
 }
+
+#[test]
+fn mapbench_compares_every_table_and_writes_the_documented_json() {
+    let dir = temp_dir("cli-mapbench");
+    let json = dir.join("m.json");
+    let t = crate::support::trace("files.msr.csv.gz");
+    let (ok, stdout, stderr) = ftlab(&[
+        "mapbench",
+        "--json",
+        json.to_str().unwrap(),
+        t.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("| learned |"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["live_mappings"].as_u64().unwrap() > 100_000);
+    let fraction = v["compressed_get_fraction"].as_f64().unwrap();
+    assert!(fraction > 0.5 && fraction <= 1.0, "{fraction}");
+    let tables = v["tables"].as_array().unwrap();
+    let names: Vec<&str> = tables.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["flat-u64", "flat-u32", "hash", "extent", "learned"]);
+    for t in tables {
+        for key in [
+            "bytes",
+            "bytes_per_live_mapping",
+            "get_mops",
+            "set_mops",
+            "get_p99_ns",
+            "set_p99_ns",
+        ] {
+            assert!(t[key].as_f64().is_some(), "{key} in {t}");
+        }
+        assert_eq!(t["lossless_verified"], true, "{t}");
+        // Exact accounting agrees with glibc's statistics (chunk headers aside).
+        if let Some(a) = t["allocator_bytes"].as_f64() {
+            let b = t["bytes"].as_f64().unwrap();
+            assert!((a - b).abs() <= 0.1 * b + 16_384.0, "{t}");
+        }
+    }
+
+    let (ok, _, stderr) = ftlab(&["mapbench", "--tables", "flat,btree", t.to_str().unwrap()]);
+    assert!(!ok && stderr.contains("unknown table `flat`"), "{stderr}");
+    let (ok, _, stderr) = ftlab(&["mapbench", "/nonexistent/trace.csv"]);
+    assert!(!ok && stderr.contains("/nonexistent/trace.csv"), "{stderr}");
+}

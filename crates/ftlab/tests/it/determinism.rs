@@ -35,3 +35,45 @@ fn trace_replay_is_deterministic() {
     let b = run(&config("femu", &sets)).to_json();
     assert_eq!(a, b);
 }
+
+/// The learned, extent and hash tables are lossless: a simulation with any of them reports exactly
+/// what the flat array's does (GC, WAF, latencies), only the mapping section differs.
+#[test]
+fn every_mapping_table_gives_the_flat_tables_results() {
+    let sets = [
+        "flash.blocks_per_die=16",
+        "flash.superblock_dies=1",
+        "capacity.over_provisioning=0.15",
+        "workload.kind=hotcold",
+        "workload.requests=150000",
+        "workload.precondition=true",
+        "ftl.write_buffer_mib=1",
+    ];
+    let strip = |r: ftlab::Report| {
+        let mut v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        v.as_object_mut().unwrap().remove("mapping");
+        v["config"]["ftl"]
+            .as_object_mut()
+            .unwrap()
+            .remove("mapping");
+        v
+    };
+    let flat = run(&config("femu", &sets));
+    assert!(flat.gc.write_pages > 0, "the comparison must include GC");
+    let flat = strip(flat);
+    for table in ["learned", "extent", "hash"] {
+        let mut with = sets.to_vec();
+        let set = format!("ftl.mapping=\"{table}\"");
+        with.push(&set);
+        let report = run(&config("femu", &with));
+        assert_eq!(report.mapping.table, table);
+        if table == "learned" {
+            let f = report
+                .mapping
+                .compressed_get_fraction
+                .expect("learned reports it");
+            assert!(f > 0.5, "compressed layer answered {f}");
+        }
+        assert!(strip(report) == flat, "{table} changed the simulation");
+    }
+}

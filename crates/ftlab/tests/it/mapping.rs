@@ -135,3 +135,56 @@ fn a_sequential_fill_costs_almost_nothing() {
     assert!(per < 0.02, "{per} bytes per mapping");
     assert_eq!(t.get(12345), Some(12345 + 77));
 }
+
+/// The memory bar on the real traces (log-head PPNs, after compaction): the learned table
+/// is never larger than the extent map, at most 0.15 B per live mapping on rocksdb, at most 0.6x
+/// the extent map on pgbench; every table reads every mapping back.
+#[test]
+fn learned_is_smaller_than_extent_on_every_real_trace() {
+    use ftlab::mapbench::{ops_from_trace, PpnSource};
+    let traces = [
+        "rocksdb.nbdlog.gz",
+        "pgbench.nbdlog.gz",
+        "files.nbdlog.gz",
+        "rocksdb.msr.csv.gz",
+        "pgbench.msr.csv.gz",
+        "files.msr.csv.gz",
+        "msr-hm0-sample.csv",
+        "msr-rsrch0-sample.csv",
+    ];
+    for name in traces {
+        let ops = ops_from_trace(&crate::support::trace(name), None, None, PpnSource::LogHead)
+            .expect("trace reads");
+        let oracle = ops.oracle();
+        let mut extent = ftlab::ftl::mapping::ExtentMapping::new();
+        let mut learned = LearnedMapping::new(ops.logical_pages);
+        for &(lpn, v) in &ops.updates {
+            if v == ftlab::mapbench::REMOVE {
+                extent.remove(lpn);
+                learned.remove(lpn);
+            } else {
+                extent.set(lpn, v);
+                learned.set(lpn, v);
+            }
+        }
+        extent.compact();
+        learned.compact();
+        for (lpn, &v) in oracle.iter().enumerate() {
+            let want = (v != ftlab::mapbench::REMOVE).then_some(v);
+            assert_eq!(learned.get(lpn as u32), want, "{name} lpn {lpn}");
+        }
+        let live = learned.live_mappings() as f64;
+        let (l, e) = (
+            learned.heap_bytes() as f64 / live,
+            extent.heap_bytes() as f64 / live,
+        );
+        eprintln!("{name}: learned {l:.3} B/mapping, extent {e:.3}");
+        assert!(l <= e, "{name}: learned {l} > extent {e}");
+        if name == "rocksdb.nbdlog.gz" {
+            assert!(l <= 0.15, "{name}: {l}");
+        }
+        if name == "pgbench.nbdlog.gz" {
+            assert!(l <= 0.6 * e, "{name}: {l} vs extent {e}");
+        }
+    }
+}

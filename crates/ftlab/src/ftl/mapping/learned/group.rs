@@ -1,23 +1,32 @@
 //! One group's compressed form: a byte blob that answers a lookup without decoding the rest.
+//! Each group takes the smaller of two encodings (docs/mapping.md draws both).
 //!
-//! Layout (little endian; docs/mapping.md draws it):
+//! Segments (the learned encoding), little endian:
 //!
 //! ```text
-//! 0   u16 live          mapped LPNs in the group
+//! 0   u16 live          mapped LPNs in the group (< 2^15; bit 15 clear)
 //! 2   u16 n_intervals   runs of mapped LPNs (0: all GROUP_LPNS are mapped)
 //! 4   u16 n_segments
 //! 6   u8  w_base, u8 w_slope, u8 w_width, u8 w_off   bit widths of the segment record fields
-//! 10  u16 reserved (0)
-//! 12  i32 slope_min     Q16
-//! 16  i64 base_min
-//! 24  u16 interval_start[n_intervals]   offset in the group of each run of mapped LPNs
+//! 10  i32 slope_min     Q16
+//! 14  i48 base_min
+//! 20  u16 interval_start[n_intervals]   offset in the group of each run of mapped LPNs
 //!     u16 interval_rank[n_intervals]    rank of its first LPN among the mapped ones
 //!     u16 segment_rank[n_segments]      first rank of each segment (0 first)
 //!     records, bit-packed, n_segments x (w_base + w_slope + w_width + w_off) bits:
 //!         base - base_min, slope - slope_min, residual width, residual bit offset
 //!     residuals, bit-packed, each segment's at its own width
-//!     8 bytes of padding (every field is read with one unaligned u64 load)
 //! ```
+//!
+//! Runs (for groups with a few runs, where a header would cost more than the model saves):
+//!
+//! ```text
+//! 0   u16 0x8000 | n_runs
+//! 2   u16 off[n_runs], u16 len[n_runs], u32 ppn[n_runs]   offsets ascending
+//! ```
+//!
+//! Every field is read with one unaligned u64 load, so the caller keeps `TAIL_PAD` readable
+//! bytes after a blob (the arena pads its end once, not every blob).
 //!
 //! A lookup: binary search the intervals (is the LPN mapped, and its rank), binary search the
 //! segment ranks, read one record and one residual. Holes cost 4 bytes per run of mapped LPNs;
@@ -27,8 +36,10 @@
 use super::fit::{self, bits_for, predict, Segment};
 use super::GROUP_LPNS;
 
-const HEADER_BYTES: usize = 24;
-const PAD_BYTES: usize = 8;
+const HEADER_BYTES: usize = 20;
+/// Readable bytes the caller keeps after every blob.
+pub const TAIL_PAD: usize = 8;
+const RUNS_FLAG: u32 = 0x8000;
 pub const UNMAPPED: u32 = u32::MAX;
 
 // Blobs are only ever made by `encode`, whose layout keeps every read below in bounds (the
@@ -110,8 +121,9 @@ impl Header {
             w_slope: u32::from(b[7]),
             w_width: u32::from(b[8]),
             w_off: u32::from(b[9]),
-            slope_min: i64::from(i32::from_le_bytes(b[12..16].try_into().expect("4"))),
-            base_min: i64::from_le_bytes(b[16..24].try_into().expect("8")),
+            slope_min: i64::from(i32::from_le_bytes(b[10..14].try_into().expect("4"))),
+            // i48: sign-extend the six bytes at 14.
+            base_min: i64::from_le_bytes(b[12..20].try_into().expect("8")) >> 16,
         }
     }
     fn record_bits(&self) -> u64 {
@@ -179,6 +191,9 @@ pub fn get(b: &[u8], off: u32) -> Option<u32> {
 
 #[inline]
 pub fn lookup(b: &[u8], off: u32) -> Lookup {
+    if rd16(b, 0) & RUNS_FLAG != 0 {
+        return runs_lookup(b, off);
+    }
     let h = Header::read(b);
     // The run of mapped offsets holding `off`: [start, start + len), ranks from `rank0`.
     let (start, len, rank0) = if h.n_intervals == 0 {
@@ -249,8 +264,73 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
     }
 }
 
+fn runs_lookup(b: &[u8], off: u32) -> Lookup {
+    let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
+    let (offs_at, lens_at, ppns_at) = (2, 2 + 2 * n, 2 + 4 * n);
+    let next_start = |i: usize| {
+        if i < n {
+            rd16(b, offs_at + 2 * i)
+        } else {
+            GROUP_LPNS as u32
+        }
+    };
+    let Some(i) = last_le(b, offs_at, n, off) else {
+        return Lookup {
+            ppn: None,
+            lo: 0,
+            hi: next_start(0),
+        };
+    };
+    let start = rd16(b, offs_at + 2 * i);
+    let len = rd16(b, lens_at + 2 * i);
+    if off - start >= len {
+        return Lookup {
+            ppn: None,
+            lo: start + len,
+            hi: next_start(i + 1),
+        };
+    }
+    let ppn = rd_bits(b, ppns_at + 4 * i, 0, 32) as u32;
+    Lookup {
+        ppn: Some(ppn + (off - start)),
+        lo: start,
+        hi: start + len,
+    }
+}
+
+/// Bytes the blob at the start of `b` occupies.
+pub fn encoded_len(b: &[u8]) -> usize {
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG != 0 {
+        return 2 + 8 * (first & !RUNS_FLAG) as usize;
+    }
+    let h = Header::read(b);
+    let residual_bits = if h.w_off == 0 {
+        0
+    } else {
+        let last = h.n_segments - 1;
+        let first_rank = rd16(b, HEADER_BYTES + 4 * h.n_intervals + 2 * last);
+        let (_, _, width, res_off) = h.record(b, last);
+        res_off + u64::from(h.live - first_rank) * u64::from(width)
+    };
+    h.residuals_at() + residual_bits.div_ceil(8) as usize
+}
+
 /// Writes every mapping of the blob into `dense` (indexed by group offset).
 pub fn decode_into(b: &[u8], dense: &mut [u32]) {
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG != 0 {
+        let n = (first & !RUNS_FLAG) as usize;
+        for i in 0..n {
+            let start = rd16(b, 2 + 2 * i) as usize;
+            let len = rd16(b, 2 + 2 * n + 2 * i) as usize;
+            let ppn = rd_bits(b, 2 + 4 * n + 4 * i, 0, 32) as u32;
+            for (k, cell) in dense[start..start + len].iter_mut().enumerate() {
+                *cell = ppn + k as u32;
+            }
+        }
+        return;
+    }
     let h = Header::read(b);
     let seg_at = HEADER_BYTES + 4 * h.n_intervals;
     let res_at = h.residuals_at();
@@ -290,6 +370,8 @@ pub fn decode_into(b: &[u8], dense: &mut [u32]) {
 #[derive(Default)]
 pub struct Scratch {
     ys: Vec<u32>,
+    /// (offset, length, first PPN) of each run of consecutive PPNs.
+    runs: Vec<(u16, u16, u32)>,
     starts: Vec<u16>,
     ranks: Vec<u16>,
     best: Vec<Segment>,
@@ -340,8 +422,7 @@ fn layout(n_intervals: usize, segs: &[Segment]) -> Layout {
         + 4 * n_intervals
         + 2 * segs.len()
         + (segs.len() as u64 * record_bits).div_ceil(8) as usize
-        + residual_bits.div_ceil(8) as usize
-        + PAD_BYTES;
+        + residual_bits.div_ceil(8) as usize;
     Layout {
         w_base,
         w_slope,
@@ -358,12 +439,14 @@ fn layout(n_intervals: usize, segs: &[Segment]) -> Layout {
 /// larger ones trade residual bits for fewer segments.
 const EPSILONS: [i64; 2] = [0, 127];
 
-/// Encodes `dense` (one PPN or `UNMAPPED` per group offset). None when nothing is mapped.
-pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
+/// Encodes `dense` (one PPN or `UNMAPPED` per group offset) into the scratch's buffer and
+/// returns it; None when nothing is mapped.
+pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
     debug_assert!(dense.len() <= GROUP_LPNS);
     s.ys.clear();
     s.starts.clear();
     s.ranks.clear();
+    s.runs.clear();
     let mut previous_mapped = false;
     for (off, &ppn) in dense.iter().enumerate() {
         let mapped = ppn != UNMAPPED;
@@ -372,6 +455,16 @@ pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
                 s.starts.push(off as u16);
                 s.ranks.push(s.ys.len() as u16);
             }
+            match s.runs.last_mut() {
+                Some((o, l, p))
+                    if previous_mapped
+                        && *o as usize + *l as usize == off
+                        && p.wrapping_add(u32::from(*l)) == ppn =>
+                {
+                    *l += 1
+                }
+                _ => s.runs.push((off as u16, 1, ppn)),
+            }
             s.ys.push(ppn);
         }
         previous_mapped = mapped;
@@ -379,6 +472,7 @@ pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
     if s.ys.is_empty() {
         return None;
     }
+    let runs_bytes = 2 + 8 * s.runs.len();
     let n_intervals = if s.ys.len() == GROUP_LPNS {
         0
     } else {
@@ -404,9 +498,24 @@ pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
         }
     }
 
-    let l = layout(n_intervals, &s.best);
     let out = &mut s.out;
     out.clear();
+    if runs_bytes <= best_bytes {
+        let n = s.runs.len();
+        out.extend_from_slice(&(RUNS_FLAG as u16 | n as u16).to_le_bytes());
+        for r in &s.runs {
+            out.extend_from_slice(&r.0.to_le_bytes());
+        }
+        for r in &s.runs {
+            out.extend_from_slice(&r.1.to_le_bytes());
+        }
+        for r in &s.runs {
+            out.extend_from_slice(&r.2.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), runs_bytes);
+        return Some(out.as_slice());
+    }
+    let l = layout(n_intervals, &s.best);
     out.extend_from_slice(&(s.ys.len() as u16).to_le_bytes());
     out.extend_from_slice(&(n_intervals as u16).to_le_bytes());
     out.extend_from_slice(&(s.best.len() as u16).to_le_bytes());
@@ -416,9 +525,9 @@ pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
         l.w_width as u8,
         l.w_off as u8,
     ]);
-    out.extend_from_slice(&[0, 0]);
     out.extend_from_slice(&(l.slope_min as i32).to_le_bytes());
-    out.extend_from_slice(&l.base_min.to_le_bytes());
+    debug_assert!(l.base_min.unsigned_abs() < 1 << 47);
+    out.extend_from_slice(&l.base_min.to_le_bytes()[..6]);
     if n_intervals > 0 {
         for v in &s.starts {
             out.extend_from_slice(&v.to_le_bytes());
@@ -450,14 +559,18 @@ pub fn encode(dense: &[u32], s: &mut Scratch) -> Option<Box<[u8]>> {
         }
     }
     w.finish();
-    out.extend_from_slice(&[0; PAD_BYTES]);
     debug_assert_eq!(out.len(), l.bytes);
-    Some(out.as_slice().into())
+    Some(out.as_slice())
 }
 
 /// Mapped LPNs in the blob.
 pub fn live(b: &[u8]) -> u32 {
-    rd16(b, 0)
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG == 0 {
+        return first;
+    }
+    let n = (first & !RUNS_FLAG) as usize;
+    (0..n).map(|i| rd16(b, 2 + 2 * n + 2 * i)).sum()
 }
 
 #[cfg(test)]
@@ -466,10 +579,14 @@ mod tests {
 
     fn roundtrip(dense: &[u32]) -> usize {
         let mut s = Scratch::default();
-        let Some(blob) = encode(dense, &mut s) else {
+        let Some(encoded) = encode(dense, &mut s) else {
             assert!(dense.iter().all(|&p| p == UNMAPPED));
             return 0;
         };
+        let mut blob = encoded.to_vec();
+        let len = blob.len();
+        assert_eq!(encoded_len(&blob), len);
+        blob.extend_from_slice(&[0xA5; TAIL_PAD]);
         for (off, &ppn) in dense.iter().enumerate() {
             let expect = (ppn != UNMAPPED).then_some(ppn);
             let l = lookup(&blob, off as u32);

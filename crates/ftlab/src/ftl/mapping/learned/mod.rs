@@ -12,15 +12,17 @@
 
 pub mod fit;
 pub mod group;
+pub mod store;
 
 use super::runs::{self, Run};
-use super::{prefetch_line, MappingTable};
+use super::MappingTable;
+use rustc_hash::FxHashMap;
 use std::cell::Cell;
+use store::GroupStore;
 
 pub const GROUP_SHIFT: u32 = 12;
 pub const GROUP_LPNS: usize = 1 << GROUP_SHIFT;
 const OFFSET_MASK: u32 = GROUP_LPNS as u32 - 1;
-const NO_DELTA: u32 = u32::MAX;
 /// A buffered trim: the LPN is unmapped even if its group's blob still maps it.
 const TOMBSTONE: u32 = u32::MAX;
 
@@ -127,8 +129,9 @@ pub struct LearnedStats {
 
 #[derive(Clone, Debug)]
 pub struct LearnedMapping {
-    blobs: Vec<Option<Box<[u8]>>>,
-    delta_of_group: Vec<u32>,
+    groups: GroupStore,
+    /// Group -> index in `deltas`, for groups with buffered updates.
+    delta_of_group: FxHashMap<u32, u32>,
     deltas: Vec<Delta>,
     buffered_entries: u64,
     /// Where the search for the next delta to merge resumes.
@@ -152,8 +155,8 @@ impl LearnedMapping {
         assert!(logical_pages <= 1 << 32, "LPNs are u32");
         let groups = logical_pages.div_ceil(GROUP_LPNS as u64) as usize;
         Self {
-            blobs: vec![None; groups],
-            delta_of_group: vec![NO_DELTA; groups],
+            groups: GroupStore::new(groups),
+            delta_of_group: FxHashMap::default(),
             deltas: Vec::new(),
             buffered_entries: 0,
             clock: 0,
@@ -176,7 +179,9 @@ impl LearnedMapping {
     }
 
     pub fn buffer_bound(&self) -> u64 {
-        self.buffer_min_entries.max(self.live / BUFFER_LIVE_DIVISOR)
+        (self.live / BUFFER_LIVE_DIVISOR)
+            .min(BUFFER_MAX_ENTRIES)
+            .max(self.buffer_min_entries)
     }
 
     /// The current mapping and whether the buffer holds it, without counting a lookup.
@@ -191,13 +196,12 @@ impl LearnedMapping {
 
     /// Searches the buffer, then the compressed layer, and remembers the span found.
     fn lookup_slow(&self, lpn: u32) -> (Option<u32>, bool) {
-        let g = (lpn >> GROUP_SHIFT) as usize;
+        let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
         let group_lpn = lpn - off;
         // The buffer's runs next to `off` bound any span the compressed layer gives.
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
-        let d = self.delta_of_group[g];
-        if d != NO_DELTA {
+        if let Some(&d) = self.delta(g) {
             let runs = &self.deltas[d as usize].runs;
             let i = runs.partition_point(|r| r.start() <= off);
             if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
@@ -218,7 +222,7 @@ impl LearnedMapping {
                 hi = r.start();
             }
         }
-        let found = match self.blobs[g].as_deref() {
+        let found = match self.groups.blob(g) {
             Some(blob) => group::lookup(blob, off),
             None => group::Lookup {
                 ppn: None,
@@ -236,6 +240,16 @@ impl LearnedMapping {
         (found.ppn, false)
     }
 
+    /// The buffered updates of group `g`, if any (no hashing while the buffer is empty).
+    #[inline]
+    fn delta(&self, g: u32) -> Option<&u32> {
+        if self.deltas.is_empty() {
+            None
+        } else {
+            self.delta_of_group.get(&g)
+        }
+    }
+
     /// Whether the buffer holds the latest update of `lpn` (then the compressed layer may be
     /// stale for it).
     pub fn is_buffered(&self, lpn: u32) -> bool {
@@ -245,7 +259,7 @@ impl LearnedMapping {
     /// What the compressed layer alone maps `lpn` to.
     #[inline]
     pub fn compressed(&self, lpn: u32) -> Option<u32> {
-        let blob = self.blobs[(lpn >> GROUP_SHIFT) as usize].as_deref()?;
+        let blob = self.groups.blob(lpn >> GROUP_SHIFT)?;
         group::get(blob, lpn & OFFSET_MASK)
     }
 
@@ -253,19 +267,22 @@ impl LearnedMapping {
         self.span.get_mut().forget(lpn);
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
-        let mut d = self.delta_of_group[g as usize];
-        if d == NO_DELTA {
-            if value.is_none() {
-                return;
+        let d = match self.delta_of_group.get(&g) {
+            Some(&d) => d,
+            None => {
+                if value.is_none() {
+                    return;
+                }
+                let d = self.deltas.len() as u32;
+                self.deltas.push(Delta {
+                    group: g,
+                    entries: 0,
+                    runs: Vec::new(),
+                });
+                self.delta_of_group.insert(g, d);
+                d
             }
-            d = self.deltas.len() as u32;
-            self.deltas.push(Delta {
-                group: g,
-                entries: 0,
-                runs: Vec::new(),
-            });
-            self.delta_of_group[g as usize] = d;
-        }
+        };
         let delta = &mut self.deltas[d as usize];
         let old = runs::assign(&mut delta.runs, off, value);
         match (old, value) {
@@ -287,9 +304,9 @@ impl LearnedMapping {
     /// Removes delta `d` from the slab (swap-remove) and returns it.
     fn drop_delta(&mut self, d: u32) -> Delta {
         let delta = self.deltas.swap_remove(d as usize);
-        self.delta_of_group[delta.group as usize] = NO_DELTA;
+        self.delta_of_group.remove(&delta.group);
         if let Some(moved) = self.deltas.get(d as usize) {
-            self.delta_of_group[moved.group as usize] = d;
+            self.delta_of_group.insert(moved.group, d);
         }
         self.buffered_entries -= u64::from(delta.entries);
         delta
@@ -323,9 +340,9 @@ impl LearnedMapping {
     /// Folds delta `d` into its group's blob.
     fn merge(&mut self, d: u32, scratch: &mut group::Scratch, dense: &mut [u32]) {
         let delta = self.drop_delta(d);
-        let g = delta.group as usize;
+        let g = delta.group;
         dense.fill(group::UNMAPPED);
-        if let Some(blob) = self.blobs[g].as_deref() {
+        if let Some(blob) = self.groups.blob(g) {
             group::decode_into(blob, dense);
         }
         for run in &delta.runs {
@@ -339,17 +356,16 @@ impl LearnedMapping {
                 }
             }
         }
-        self.blobs[g] = group::encode(dense, scratch);
+        self.groups.set(g, group::encode(dense, scratch));
         // The span may say "buffered" for what is now compressed (only the statistics care).
         *self.span.get_mut() = Span::default();
         self.stats.merges += 1;
         self.stats.merged_entries += u64::from(delta.entries);
     }
 
-    /// Bytes of the compressed groups alone (blobs and their slots).
+    /// Bytes of the compressed groups alone (blobs and their directory).
     pub fn compressed_bytes(&self) -> usize {
-        self.blobs.capacity() * std::mem::size_of::<Option<Box<[u8]>>>()
-            + self.blobs.iter().flatten().map(|b| b.len()).sum::<usize>()
+        self.groups.heap_bytes()
     }
 }
 
@@ -397,7 +413,7 @@ impl MappingTable for LearnedMapping {
 
     fn heap_bytes(&self) -> usize {
         self.compressed_bytes()
-            + self.delta_of_group.capacity() * 4
+            + super::hash::hashbrown_bytes(self.delta_of_group.capacity(), 8)
             + self.deltas.capacity() * std::mem::size_of::<Delta>()
             + self
                 .deltas
@@ -408,9 +424,7 @@ impl MappingTable for LearnedMapping {
 
     #[inline]
     fn prefetch(&self, lpn: u32) {
-        if let Some(slot) = self.blobs.get((lpn >> GROUP_SHIFT) as usize) {
-            prefetch_line(slot);
-        }
+        self.groups.prefetch(lpn >> GROUP_SHIFT);
     }
 
     fn compact(&mut self) {
@@ -420,6 +434,8 @@ impl MappingTable for LearnedMapping {
             self.merge(0, &mut scratch, &mut dense);
         }
         self.deltas.shrink_to_fit();
+        self.delta_of_group.shrink_to_fit();
+        self.groups.shrink();
     }
 
     fn compressed_get_fraction(&self) -> Option<f64> {
