@@ -152,25 +152,10 @@ impl Header {
 }
 
 /// Index of the last element of the ascending u16 array at `at` (length `n`) that is <= `key`,
-/// or None when all are greater. Branch-free halving: the loads do not wait on mispredicted
-/// comparisons (random lookups were bound by them).
+/// or None when all are greater.
 #[inline]
 fn last_le(b: &[u8], at: usize, n: usize, key: u32) -> Option<usize> {
-    if n == 0 {
-        return None;
-    }
-    let (mut base, mut len) = (0usize, n);
-    while len > 1 {
-        let half = len / 2;
-        let mid = base + half;
-        base = if rd16(b, at + 2 * mid) <= key {
-            mid
-        } else {
-            base
-        };
-        len -= half;
-    }
-    (rd16(b, at + 2 * base) <= key).then_some(base)
+    super::super::runs::count_le(n, |i| rd16(b, at + 2 * i) <= key).checked_sub(1)
 }
 
 /// What a lookup learns: the PPN of the offset asked for, and the range `lo..hi` of offsets

@@ -59,10 +59,13 @@ impl GroupStore {
         let k = g as usize & (CHUNK_GROUPS - 1);
         match &self.chunks[(g >> CHUNK_SHIFT) as usize] {
             Dir::Dense(slots) => slots[k],
-            Dir::Sparse { ids, slots } => match ids.binary_search(&(k as u16)) {
-                Ok(i) => slots[i],
-                Err(_) => NONE,
-            },
+            Dir::Sparse { ids, slots } => {
+                let i = super::super::runs::count_le(ids.len(), |i| usize::from(ids[i]) <= k);
+                match i.checked_sub(1) {
+                    Some(i) if usize::from(ids[i]) == k => slots[i],
+                    _ => NONE,
+                }
+            }
         }
     }
 
