@@ -40,10 +40,20 @@ pub fn count_le(n: usize, le: impl Fn(usize) -> bool) -> usize {
     base + usize::from(le(base))
 }
 
+/// How many runs start at or before `key`. Sequential updates append after the last run, so
+/// that case is checked before searching.
+#[inline]
+pub fn upper<R: Run>(runs: &[R], key: u32) -> usize {
+    match runs.last() {
+        Some(last) if last.start() <= key => runs.len(),
+        _ => count_le(runs.len(), |i| runs[i].start() <= key),
+    }
+}
+
 /// The value `key` maps to, if a run covers it.
 #[inline]
 pub fn lookup<R: Run>(runs: &[R], key: u32) -> Option<u32> {
-    let i = count_le(runs.len(), |i| runs[i].start() <= key);
+    let i = upper(runs, key);
     let r = runs.get(i.checked_sub(1)?)?;
     let d = key - r.start();
     (d < r.len()).then(|| R::advance(r.value(), d))
@@ -52,7 +62,7 @@ pub fn lookup<R: Run>(runs: &[R], key: u32) -> Option<u32> {
 /// Maps `key` to `value` (`None`: uncovers `key`), splitting and coalescing runs so that no two
 /// adjacent runs could be one. Returns the previous value.
 pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option<u32> {
-    let i = runs.partition_point(|r| r.start() <= key);
+    let i = upper(runs, key);
     let mut at = i;
     let mut old = None;
     if i > 0 {

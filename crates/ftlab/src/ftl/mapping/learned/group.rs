@@ -464,7 +464,34 @@ pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
         s.starts.len()
     };
 
-    fit::fit_cone(&s.ys, 0, &mut s.best);
+    // Exact segments (eps = 0, slope 1) straight from the runs: O(runs), where the cone fit
+    // would visit every point. A run continues the previous segment when its first PPN follows
+    // the previous run's last, across any hole in the offsets (ranks have no holes).
+    s.best.clear();
+    let mut rank = 0u32;
+    for &(_, len, ppn) in &s.runs {
+        let len = u32::from(len);
+        match s.best.last_mut() {
+            Some(seg)
+                if seg.slope_q16 == 1 << fit::SLOPE_FRAC_BITS
+                    && (seg.base + i64::from(seg.len)) == i64::from(ppn) =>
+            {
+                seg.len += len;
+            }
+            _ => s.best.push(Segment {
+                first: rank,
+                len,
+                slope_q16: 1 << fit::SLOPE_FRAC_BITS,
+                base: i64::from(ppn),
+                width: 0,
+            }),
+        }
+        rank += len;
+    }
+    if s.best.len() * 2 > s.ys.len() {
+        // Mostly single points: the cone fit also finds exact lines of other slopes.
+        fit::fit_cone(&s.ys, 0, &mut s.best);
+    }
     let mut best_bytes = layout(n_intervals, &s.best).bytes;
     // Long exact runs cannot be beaten by much: a segment's few bytes are spread over them.
     if s.ys.len() < 64 * s.best.len() {

@@ -23,6 +23,8 @@ use store::GroupStore;
 pub const GROUP_SHIFT: u32 = 12;
 pub const GROUP_LPNS: usize = 1 << GROUP_SHIFT;
 const OFFSET_MASK: u32 = GROUP_LPNS as u32 - 1;
+/// No group has this number (groups are < 2^20).
+const NO_LAST_DELTA: (u32, u32) = (u32::MAX, u32::MAX);
 /// A buffered trim: the LPN is unmapped even if its group's blob still maps it.
 const TOMBSTONE: u32 = u32::MAX;
 
@@ -136,6 +138,8 @@ pub struct LearnedMapping {
     buffered_entries: u64,
     /// Where the search for the next delta to merge resumes.
     clock: usize,
+    /// (group, index in `deltas`) of the last delta written: runs of updates skip the hash.
+    last_delta: (u32, u32),
     live: u64,
     buffer_min_entries: u64,
     gets: Cell<u64>,
@@ -160,6 +164,7 @@ impl LearnedMapping {
             deltas: Vec::new(),
             buffered_entries: 0,
             clock: 0,
+            last_delta: NO_LAST_DELTA,
             live: 0,
             buffer_min_entries,
             gets: Cell::new(0),
@@ -178,6 +183,7 @@ impl LearnedMapping {
         self.buffered_entries
     }
 
+    #[inline]
     pub fn buffer_bound(&self) -> u64 {
         (self.live / BUFFER_LIVE_DIVISOR)
             .min(BUFFER_MAX_ENTRIES)
@@ -203,7 +209,7 @@ impl LearnedMapping {
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
         if let Some(&d) = self.delta(g) {
             let runs = &self.deltas[d as usize].runs;
-            let i = runs.partition_point(|r| r.start() <= off);
+            let i = runs::upper(runs, off);
             if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
                 let end = r.start() + r.len();
                 if off < end {
@@ -267,7 +273,12 @@ impl LearnedMapping {
         self.span.get_mut().forget(lpn);
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
-        let d = match self.delta_of_group.get(&g) {
+        let cached = self.last_delta;
+        let d = match if cached.0 == g {
+            Some(&cached.1)
+        } else {
+            self.delta_of_group.get(&g)
+        } {
             Some(&d) => d,
             None => {
                 if value.is_none() {
@@ -283,6 +294,7 @@ impl LearnedMapping {
                 d
             }
         };
+        self.last_delta = (g, d);
         let delta = &mut self.deltas[d as usize];
         let old = runs::assign(&mut delta.runs, off, value);
         match (old, value) {
@@ -304,6 +316,7 @@ impl LearnedMapping {
     /// Removes delta `d` from the slab (swap-remove) and returns it.
     fn drop_delta(&mut self, d: u32) -> Delta {
         let delta = self.deltas.swap_remove(d as usize);
+        self.last_delta = NO_LAST_DELTA;
         self.delta_of_group.remove(&delta.group);
         if let Some(moved) = self.deltas.get(d as usize) {
             self.delta_of_group.insert(moved.group, d);
@@ -312,10 +325,15 @@ impl LearnedMapping {
         delta
     }
 
+    #[inline]
     fn merge_while_over_bound(&mut self) {
-        if self.buffered_entries <= self.buffer_bound() {
-            return;
+        if self.buffered_entries > self.buffer_bound() {
+            self.merge_to_bound();
         }
+    }
+
+    #[cold]
+    fn merge_to_bound(&mut self) {
         let mut scratch = group::Scratch::default();
         let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
         while self.buffered_entries > self.buffer_bound() {
@@ -397,11 +415,12 @@ impl MappingTable for LearnedMapping {
     }
 
     fn remove(&mut self, lpn: u32) -> Option<u32> {
-        let (old, _) = self.lookup(lpn);
+        let (old, buffered) = self.lookup(lpn);
         old?;
         // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
-        let value = self.compressed(lpn).map(|_| TOMBSTONE);
-        self.write_delta(lpn, value);
+        // An answer from the compressed layer says it does, without a second search.
+        let blob_maps = !buffered || self.compressed(lpn).is_some();
+        self.write_delta(lpn, blob_maps.then_some(TOMBSTONE));
         self.live -= 1;
         self.merge_while_over_bound();
         old
