@@ -93,6 +93,12 @@ impl GroupStore {
             None => NONE,
             Some(b) => {
                 let at = self.arena.len() - group::TAIL_PAD;
+                // Grow by an eighth, not by doubling: the arena is most of the table, and
+                // doubling would leave up to half of it spare.
+                let need = b.len() + ALIGN;
+                if self.arena.capacity() - self.arena.len() < need {
+                    self.arena.reserve_exact(need + self.arena.len() / 8);
+                }
                 self.arena.truncate(at);
                 self.arena.extend_from_slice(b);
                 self.arena
@@ -101,7 +107,7 @@ impl GroupStore {
             }
         };
         self.put_slot(g, slot);
-        if self.garbage_bytes > MIN_GARBAGE_BYTES && 2 * self.garbage_bytes > self.arena.len() {
+        if self.garbage_bytes > MIN_GARBAGE_BYTES && 4 * self.garbage_bytes > self.arena.len() {
             self.collect();
         }
     }
