@@ -29,7 +29,7 @@ const NO_LAST_DELTA: (u32, u32) = (u32::MAX, u32::MAX);
 const TOMBSTONE: u32 = u32::MAX;
 
 /// The buffer may hold this many LPNs at least...
-pub const BUFFER_MIN_ENTRIES: u64 = 4096;
+pub const BUFFER_MIN_ENTRIES: u64 = 256;
 /// ...or one in this many live mappings, whichever is more...
 pub const BUFFER_LIVE_DIVISOR: u64 = 16;
 /// ...but never more than this (8 MiB of runs at worst, on any device size).
