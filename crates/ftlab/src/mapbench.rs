@@ -394,19 +394,12 @@ fn apply<M: MappingTable>(table: &mut M, (lpn, v): (u32, u32)) -> Option<u32> {
     }
 }
 
-/// Runs one table through `ops`: a throughput pass (whole phases timed), a latency pass on a
-/// fresh table (each op timed), a full read-back against `oracle`, and the memory figures.
-pub fn run_table<M: MappingTable>(
-    make: impl Fn() -> M,
-    ops: &MapOps,
-    oracle: &[u32],
-) -> TableResult {
-    let clock = Clock::calibrate();
-    let before = allocator_in_use();
-    let mut table = make();
+/// Seconds for the update phase, the trace-order lookups and the random lookups, and the
+/// compressed-layer fraction of the trace-order lookups.
+fn timed_phases<M: MappingTable>(table: &mut M, ops: &MapOps) -> (f64, f64, f64, Option<f64>) {
     let t0 = Instant::now();
     for &u in &ops.updates {
-        black_box(apply(&mut table, u));
+        black_box(apply(table, u));
     }
     let set_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
@@ -414,13 +407,36 @@ pub fn run_table<M: MappingTable>(
         black_box(table.get(black_box(lpn)));
     }
     let get_s = t1.elapsed().as_secs_f64();
-    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let compressed_get_fraction = table.compressed_get_fraction();
+    let fraction = table.compressed_get_fraction();
     let t2 = Instant::now();
     for &lpn in &ops.random_gets {
         black_box(table.get(black_box(lpn)));
     }
-    let random_s = t2.elapsed().as_secs_f64();
+    (set_s, get_s, t2.elapsed().as_secs_f64(), fraction)
+}
+
+/// Runs one table through `ops`: a throughput pass (whole phases timed), a latency pass on a
+/// fresh table (each op timed), a full read-back against `oracle`, and the memory figures.
+pub fn run_table<M: MappingTable>(
+    make: impl Fn() -> M,
+    ops: &MapOps,
+    oracle: &[u32],
+    repeat: u32,
+) -> TableResult {
+    let clock = Clock::calibrate();
+    // Throughput: the fastest of `repeat` runs, each on a fresh table (this machine's neighbours
+    // slow single runs down by up to 2x; the minimum is the least disturbed).
+    let (mut set_s, mut get_s, mut random_s) = (f64::MAX, f64::MAX, f64::MAX);
+    for _ in 1..repeat.max(1) {
+        let mut table = make();
+        let (s, g, r, _) = timed_phases(&mut table, ops);
+        (set_s, get_s, random_s) = (set_s.min(s), get_s.min(g), random_s.min(r));
+    }
+    let before = allocator_in_use();
+    let mut table = make();
+    let (s, g, r, compressed_get_fraction) = timed_phases(&mut table, ops);
+    (set_s, get_s, random_s) = (set_s.min(s), get_s.min(g), random_s.min(r));
+    let total_ms = (set_s + get_s) * 1e3;
 
     let mut ok = table.live_mappings() == oracle.iter().filter(|&&v| v != REMOVE).count() as u64;
     for (lpn, &v) in oracle.iter().enumerate() {
@@ -495,21 +511,21 @@ pub fn run_table<M: MappingTable>(
 }
 
 /// Runs the named tables over `ops`.
-pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String]) -> MapBench {
+pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat: u32) -> MapBench {
     let oracle = ops.oracle();
     let pages = ops.logical_pages;
     let mut results = Vec::new();
     for name in tables {
         let r = match name.as_str() {
-            "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle),
+            "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle, repeat),
             "flat-u32" => {
-                let mut r = run_table(|| FlatMapping::new(pages), ops, &oracle);
+                let mut r = run_table(|| FlatMapping::new(pages), ops, &oracle, repeat);
                 r.name = "flat-u32".into();
                 r
             }
-            "hash" => run_table(HashMapping::new, ops, &oracle),
-            "extent" => run_table(ExtentMapping::new, ops, &oracle),
-            "learned" => run_table(|| LearnedMapping::new(pages), ops, &oracle),
+            "hash" => run_table(HashMapping::new, ops, &oracle, repeat),
+            "extent" => run_table(ExtentMapping::new, ops, &oracle, repeat),
+            "learned" => run_table(|| LearnedMapping::new(pages), ops, &oracle, repeat),
             other => panic!("unknown table {other}; the command line checks names"),
         };
         results.push(r);

@@ -36,6 +36,9 @@ pub struct MapbenchArgs {
     /// and report its memory; flat arrays of that size are only computed.
     #[arg(long, value_name = "BYTES")]
     tile_to: Option<u64>,
+    /// Throughput is the fastest of this many runs, each on a fresh table.
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
     /// Write the results as JSON: one object per trace and PPN source (an array when several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -96,7 +99,13 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
         for &source in sources {
             let ops = mapbench::ops_from_trace(path, format, args.device_bytes, source)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let result = mapbench::run(&path.display().to_string(), source, &ops, &args.tables);
+            let result = mapbench::run(
+                &path.display().to_string(),
+                source,
+                &ops,
+                &args.tables,
+                args.repeat,
+            );
             println!("{}", mapbench::markdown(&result));
             all.push(result);
         }
