@@ -664,6 +664,21 @@ mod tests {
         sparse[g - 1] = 0;
         roundtrip(&sparse);
         roundtrip(&vec![UNMAPPED; g]);
+        // Short runs at scattered PPNs, with holes: hundreds of segments.
+        let mut y = 9u64;
+        let short_runs: Vec<u32> = (0..g as u32)
+            .map(|i| {
+                if i % 3 == 0 {
+                    y = y.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                if i % 97 == 5 {
+                    UNMAPPED
+                } else {
+                    ((y >> 44) as u32) * 4 + i % 3
+                }
+            })
+            .collect();
+        roundtrip(&short_runs);
         let descending: Vec<u32> = (0..g as u32).map(|i| 1_000_000 - 7 * i).collect();
         assert!(roundtrip(&descending) < 48);
     }
