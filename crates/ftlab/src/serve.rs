@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL].
     #[arg(long, default_value = "lz4")]
     store: String,
+    /// Memory limit of the page store, as zram's mem_limit: bytes, or with a K/M/G/T suffix
+    /// (powers of 1024). Writes that need more memory fail with ENOSPC; trims free memory.
+    #[arg(long, value_parser = parse_size)]
+    mem_limit: Option<u64>,
     /// Reply timing: none, real (hold replies until the simulated completion), scaled:FACTOR.
     #[arg(long, default_value = "none")]
     latency: String,
@@ -48,6 +52,24 @@ pub struct ServeArgs {
     stats: Option<PathBuf>,
     #[arg(long, default_value_t = 5.0)]
     stats_interval: f64,
+}
+
+/// "512M" -> 536870912: a byte count with an optional K, M, G or T (binary) suffix.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (bytes, or a number with K, M, G or T)"))?;
+    n.checked_mul(1 << shift)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("`{text}`: the size must be between 1 byte and 2^64"))
 }
 
 fn write_stats(device: &Device, path: &std::path::Path) -> Result<()> {
@@ -84,6 +106,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 } else {
                     RecordFormat::Nbdkit
                 },
+                mem_limit_bytes: args.mem_limit,
             },
         )
         .map_err(anyhow::Error::msg)?,

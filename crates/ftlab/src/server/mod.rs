@@ -55,6 +55,8 @@ pub struct DeviceOptions {
     /// the server simulated.
     pub record: Option<std::path::PathBuf>,
     pub record_format: RecordFormat,
+    /// The page store's memory limit (zram's `mem_limit`): writes needing more get ENOSPC.
+    pub mem_limit_bytes: Option<u64>,
 }
 
 /// How `--record` writes requests.
@@ -143,12 +145,22 @@ pub struct Device {
 /// Why a request failed, as an NBD error code.
 type Errno = u32;
 
+/// The NBD error for a page-store failure: a full store (its memory limit) is "no space left",
+/// anything else an I/O error.
+fn store_errno(e: crate::store::StoreError) -> Errno {
+    match e {
+        crate::store::StoreError::MemLimit { .. } => p::ENOSPC,
+        _ => p::EIO,
+    }
+}
+
 impl Device {
     pub fn new(config: &Config, options: DeviceOptions) -> Result<Device, String> {
         let geometry = config.geometry().map_err(|e| e.to_string())?;
         let page_bytes = geometry.page_size_bytes as usize;
-        let store = PageStore::new(StoreConfig::new(page_bytes, options.codec))
-            .map_err(|e| e.to_string())?;
+        let mut store_config = StoreConfig::new(page_bytes, options.codec);
+        store_config.mem_limit_bytes = options.mem_limit_bytes;
+        let store = PageStore::new(store_config).map_err(|e| e.to_string())?;
         let record = match &options.record {
             Some(path) => Some(BufWriter::new(
                 std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
@@ -348,9 +360,9 @@ impl Device {
                         out.resize(at + lpns.len() * self.page_bytes, 0);
                         self.store
                             .read_batch(&lpns, &mut out[at..])
-                            .map_err(|_| p::EIO)?;
+                            .map_err(store_errno)?;
                     } else if !batched || lpn < whole_first || lpn >= whole_end {
-                        self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
+                        self.store.read(lpn, &mut page).map_err(store_errno)?;
                         let (a, b) = covered(lpn, ps, offset, length);
                         out.extend_from_slice(&page[a..b]);
                     }
@@ -367,24 +379,24 @@ impl Device {
                         } else if !batched {
                             self.store
                                 .write(lpn, &payload[at..at + self.page_bytes])
-                                .map_err(|_| p::EIO)?;
+                                .map_err(store_errno)?;
                         } else if lpn == whole_first {
                             // The whole pages go as one batch, compressed in parallel.
                             let lpns: Vec<u64> = (whole_first..whole_end).collect();
                             let bytes = lpns.len() * self.page_bytes;
                             self.store
                                 .write_batch(&lpns, &payload[at..at + bytes])
-                                .map_err(|_| p::EIO)?;
+                                .map_err(store_errno)?;
                         }
                     } else {
                         let _rmw = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
-                        self.store.read(lpn, &mut page).map_err(|_| p::EIO)?;
+                        self.store.read(lpn, &mut page).map_err(store_errno)?;
                         if zeroes {
                             page[a..b].fill(0);
                         } else {
                             page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
                         }
-                        self.store.write(lpn, &page).map_err(|_| p::EIO)?;
+                        self.store.write(lpn, &page).map_err(store_errno)?;
                     }
                     at += b - a;
                 }

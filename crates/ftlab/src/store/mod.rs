@@ -21,7 +21,7 @@ use serde::Serialize;
 use slab::{Handle, SlabAllocator};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -42,6 +42,10 @@ pub struct StoreConfig {
     /// fraction (checked every 1024 frees; zram leaves this to a user-space daemon writing to
     /// its `compact` attribute). None = only on `compact()`.
     pub auto_compact_above: Option<f64>,
+    /// As zram's `mem_limit`: once the slabs hold this many bytes, writes of pages that need
+    /// slab memory fail with `StoreError::MemLimit` (same-filled pages and trims still work).
+    /// None = no limit.
+    pub mem_limit_bytes: Option<u64>,
 }
 
 impl StoreConfig {
@@ -57,6 +61,7 @@ impl StoreConfig {
             dictionary_bytes: 1 << 20,
             dictionary_sample_pages: 16384,
             auto_compact_above: Some(0.05),
+            mem_limit_bytes: None,
         }
     }
 }
@@ -75,6 +80,8 @@ pub enum StoreError {
     Config(String),
     #[error("dictionary training failed: {0}")]
     Training(String),
+    #[error("lpn {lpn}: the store is at its memory limit of {limit_bytes} bytes")]
+    MemLimit { lpn: u64, limit_bytes: u64 },
 }
 
 /// zram's `mm_stat` fields, plus the page count.
@@ -86,6 +93,10 @@ pub struct StoreStats {
     pub compr_data_size: u64,
     /// Memory the slab allocator holds.
     pub mem_used_total: u64,
+    /// `mem_limit_bytes` (0: none), as zram's `mem_limit`.
+    pub mem_limit: u64,
+    /// The most `mem_used_total` has been since the store was made.
+    pub mem_used_max: u64,
     pub same_pages: u64,
     pub huge_pages: u64,
     pub pages_compacted: u64,
@@ -277,6 +288,10 @@ pub struct PageStore {
     current_dictionary: RwLock<Option<Arc<Dictionary>>>,
     /// Every dictionary some stored page may still need.
     dictionaries: RwLock<HashMap<u32, Arc<Dictionary>>>,
+    /// Bytes all shards' slabs hold, kept up to date under each shard's lock so that the memory
+    /// limit is checked without visiting every shard.
+    mem_used: AtomicU64,
+    mem_used_max: AtomicU64,
 }
 
 /// Dictionary ids are unique in the process: per-thread codec contexts are cached by id, and a
@@ -321,6 +336,8 @@ impl PageStore {
             shards,
             current_dictionary: RwLock::new(None),
             dictionaries: RwLock::new(HashMap::new()),
+            mem_used: AtomicU64::new(0),
+            mem_used_max: AtomicU64::new(0),
         })
     }
 
@@ -330,6 +347,49 @@ impl PageStore {
 
     pub fn page_bytes(&self) -> usize {
         self.config.page_bytes
+    }
+
+    /// Runs `f` on shard `index` under its lock, accounting the change in slab memory.
+    fn with_shard<R>(&self, index: usize, f: impl FnOnce(&mut Shard) -> R) -> R {
+        let mut shard = self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let before = shard.slabs.bytes() as u64;
+        let r = f(&mut shard);
+        let after = shard.slabs.bytes() as u64;
+        if after != before {
+            // Two's complement: a wrapping add of the difference also subtracts.
+            let used = self
+                .mem_used
+                .fetch_add(after.wrapping_sub(before), Ordering::Relaxed)
+                .wrapping_add(after.wrapping_sub(before));
+            self.mem_used_max.fetch_max(used, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Inserts a prepared page into shard `index`, unless it needs slab memory and the store is
+    /// at its limit (checked before allocating; concurrent writers may overshoot by a slab each).
+    fn insert_checked(
+        &self,
+        index: usize,
+        lpn: u64,
+        page: &Prepared<'_>,
+    ) -> Result<(), StoreError> {
+        if let (Some(limit), Prepared::Stored { .. }) = (self.config.mem_limit_bytes, page) {
+            if self.mem_used.load(Ordering::Relaxed) >= limit {
+                return Err(StoreError::MemLimit {
+                    lpn,
+                    limit_bytes: limit,
+                });
+            }
+        }
+        self.with_shard(index, |shard| shard.insert(lpn, page));
+        Ok(())
+    }
+
+    fn shard_index(&self, lpn: u64) -> usize {
+        (lpn & self.shard_mask) as usize
     }
 
     fn shard(&self, lpn: u64) -> std::sync::MutexGuard<'_, Shard> {
@@ -417,7 +477,9 @@ impl PageStore {
                 page_bytes: self.config.page_bytes,
             });
         }
-        self.prepare_and(lpn, page, |p| self.shard(lpn).insert(lpn, p))
+        self.prepare_and(lpn, page, |p| {
+            self.insert_checked(self.shard_index(lpn), lpn, p)
+        })?
     }
 
     /// Stores `pages` (concatenated) under `lpns`, compressing in parallel; within the batch the
@@ -447,12 +509,7 @@ impl PageStore {
                 for &i in indices {
                     let i = i as usize;
                     let page = &pages[i * page_bytes..(i + 1) * page_bytes];
-                    self.prepare_and(lpns[i], page, |p| {
-                        self.shards[shard]
-                            .lock()
-                            .unwrap_or_else(|poisoned| poisoned.into_inner())
-                            .insert(lpns[i], p)
-                    })?;
+                    self.prepare_and(lpns[i], page, |p| self.insert_checked(shard, lpns[i], p))??;
                 }
                 Ok(())
             })
@@ -512,7 +569,7 @@ impl PageStore {
 
     /// Forgets a page: it reads as zeros and its memory is freed.
     pub fn trim(&self, lpn: u64) {
-        self.shard(lpn).remove(lpn);
+        self.with_shard(self.shard_index(lpn), |shard| shard.remove(lpn));
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -527,6 +584,8 @@ impl PageStore {
             s.pages_compacted += shard.slabs.pages_compacted();
         }
         s.orig_data_size = s.pages_stored * self.config.page_bytes as u64;
+        s.mem_limit = self.config.mem_limit_bytes.unwrap_or(0);
+        s.mem_used_max = self.mem_used_max.load(Ordering::Relaxed);
         s
     }
 
@@ -551,8 +610,8 @@ impl PageStore {
     /// Packs each size class's objects into fewer slabs; returns the bytes freed.
     pub fn compact(&self) -> u64 {
         let mut freed = 0;
-        for shard in self.shards.iter() {
-            freed += shard.lock().unwrap_or_else(|p| p.into_inner()).compact() as u64;
+        for index in 0..self.shards.len() {
+            freed += self.with_shard(index, |shard| shard.compact()) as u64;
         }
         freed
     }
@@ -642,11 +701,14 @@ impl PageStore {
     /// Checks every shard's allocator counts; for tests.
     #[doc(hidden)]
     pub fn check(&self) {
+        let mut slab_bytes = 0;
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             shard.slabs.check();
             let stored: u64 = shard.entries.values().map(|b| u64::from(b.len)).sum();
             assert_eq!(stored, shard.compr_bytes);
+            slab_bytes += shard.slabs.bytes() as u64;
         }
+        assert_eq!(slab_bytes, self.mem_used.load(Ordering::Relaxed));
     }
 }

@@ -18,6 +18,10 @@ fn device() -> Arc<Device> {
 }
 
 fn device_with(latency: Latency) -> Arc<Device> {
+    device_with_limit(latency, None)
+}
+
+fn device_with_limit(latency: Latency, mem_limit_bytes: Option<u64>) -> Arc<Device> {
     let c = config(
         "femu",
         &[
@@ -35,6 +39,7 @@ fn device_with(latency: Latency) -> Arc<Device> {
                 codec: Codec::Lz4,
                 record: None,
                 record_format: ftlab::server::RecordFormat::Nbdkit,
+                mem_limit_bytes,
             },
         )
         .unwrap(),
@@ -419,4 +424,35 @@ fn real_latency_holds_replies_for_the_simulated_time_and_overlaps_requests_in_fl
         all < std::time::Duration::from_millis(60),
         "replies did not overlap: {all:?}"
     );
+}
+
+/// `--mem-limit`: once the store is full, writes get ENOSPC, the connection keeps working, what
+/// was written reads back, and a trim makes room again.
+#[test]
+fn a_full_store_answers_enospc_and_keeps_serving() {
+    let device = device_with_limit(Latency::None, Some(1 << 20));
+    let (mut c, _h) = Client::open(&device);
+    let mut rng = SplitMix64::new(11);
+    let mut written = Vec::new();
+    let mut refused = None;
+    for i in 0..1024u64 {
+        let data: Vec<u8> = (0..65536).map(|_| rng.next_u64() as u8).collect();
+        let (err, _) = c.request(p::CMD_WRITE, 0, i * 65536, 65536, &data);
+        if err != 0 {
+            refused = Some((i, err));
+            break;
+        }
+        written.push(data);
+    }
+    let (at, err) = refused.expect("1 MiB of random data cannot hold 64 MiB");
+    assert_eq!(err, p::ENOSPC);
+    assert!(at >= 8, "refused after only {at} writes of 64 KiB");
+    for (i, data) in written.iter().enumerate() {
+        let (err, back) = c.request(p::CMD_READ, 0, i as u64 * 65536, 65536, &[]);
+        assert_eq!((err, &back), (0, data), "chunk {i}");
+    }
+    let (err, _) = c.request(p::CMD_TRIM, 0, 0, 4 << 20, &[]);
+    assert_eq!(err, 0);
+    let (err, _) = c.request(p::CMD_WRITE, 0, at * 65536, 4096, &written[0][..4096]);
+    assert_eq!(err, 0, "after a trim the write fits");
 }

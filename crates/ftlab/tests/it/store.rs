@@ -306,3 +306,43 @@ fn a_run_of_random_pages_does_not_make_compressible_pages_raw() {
     store.read(50, &mut buf).unwrap();
     assert_eq!(buf, page(2, 50, 4096));
 }
+
+#[test]
+fn the_memory_limit_refuses_writes_until_trims_free_memory() {
+    let mut config = StoreConfig::new(4096, Codec::Lz4);
+    config.mem_limit_bytes = Some(1 << 20);
+    let store = PageStore::new(config).unwrap();
+    // Incompressible pages: each takes a whole page of slab memory.
+    let mut written = 0u64;
+    let refused = loop {
+        match store.write(written, &page(3, written, 4096)) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 1024, "the limit never applied");
+    };
+    assert!(
+        matches!(refused, StoreError::MemLimit { lpn, limit_bytes: 1048576 } if lpn == written),
+        "{refused}"
+    );
+    let stats = store.stats();
+    assert!(stats.mem_used_total >= 1 << 20 && stats.mem_used_total < (1 << 20) + 64 * 1024);
+    assert_eq!(
+        (stats.mem_limit, stats.mem_used_max),
+        (1 << 20, stats.mem_used_total)
+    );
+    // Same-filled pages need no slab memory and are still accepted; every accepted page reads back.
+    store.write(written, &[0u8; 4096]).unwrap();
+    let mut out = vec![0u8; 4096];
+    for lpn in 0..written {
+        store.read(lpn, &mut out).unwrap();
+        assert_eq!(out, page(3, lpn, 4096));
+    }
+    // Trims give memory back; then writes succeed again.
+    for lpn in 0..written / 2 {
+        store.trim(lpn);
+    }
+    store.compact();
+    store.write(written + 1, &page(3, 7, 4096)).unwrap();
+    store.check();
+}
