@@ -29,6 +29,7 @@ enum Dir {
 
 #[derive(Clone, Debug)]
 pub struct GroupStore {
+    groups: usize,
     chunks: Vec<Dir>,
     arena: Vec<u8>,
     garbage_bytes: usize,
@@ -42,6 +43,7 @@ fn padded(len: usize) -> usize {
 impl GroupStore {
     pub fn new(groups: usize) -> Self {
         Self {
+            groups,
             chunks: vec![
                 Dir::Sparse {
                     ids: Vec::new(),
@@ -114,7 +116,11 @@ impl GroupStore {
 
     fn put_slot(&mut self, g: u32, slot: u32) {
         let k = g as usize & (CHUNK_GROUPS - 1);
-        let chunk = &mut self.chunks[(g >> CHUNK_SHIFT) as usize];
+        let live_blob_bytes = self.arena.len() - self.garbage_bytes;
+        let c = (g >> CHUNK_SHIFT) as usize;
+        // The last chunk covers only the groups the device has.
+        let chunk_groups = CHUNK_GROUPS.min(self.groups - c * CHUNK_GROUPS);
+        let chunk = &mut self.chunks[c];
         match chunk {
             Dir::Dense(slots) => slots[k] = slot,
             Dir::Sparse { ids, slots } => {
@@ -130,9 +136,12 @@ impl GroupStore {
                         slots.insert(i, slot);
                     }
                 }
-                // 6 bytes per present group against 4 per group of the chunk.
-                if ids.len() * 6 > CHUNK_GROUPS * 4 {
-                    let mut dense = vec![NONE; CHUNK_GROUPS].into_boxed_slice();
+                // Dense once it is smaller (6 bytes per present group against 4 per group of
+                // the chunk), or once it costs under 1/32 of the blobs: a lookup then finds its
+                // group in one load instead of a search.
+                let dense_bytes = chunk_groups * 4;
+                if ids.len() * 6 > dense_bytes || dense_bytes * 32 <= live_blob_bytes {
+                    let mut dense = vec![NONE; chunk_groups].into_boxed_slice();
                     for (&id, &s) in ids.iter().zip(slots.iter()) {
                         dense[usize::from(id)] = s;
                     }
