@@ -354,9 +354,11 @@ pub fn decode_into(b: &[u8], dense: &mut [u32]) {
 /// Working memory for encoding, allocated per merge (it is not part of the table at rest).
 #[derive(Default)]
 pub struct Scratch {
+    /// `encode`'s runs, built from its dense input.
+    input: Vec<GroupRun>,
     ys: Vec<u32>,
     /// (offset, length, first PPN) of each run of consecutive PPNs.
-    runs: Vec<(u16, u16, u32)>,
+    runs: Vec<GroupRun>,
     starts: Vec<u16>,
     ranks: Vec<u16>,
     best: Vec<Segment>,
@@ -432,37 +434,169 @@ const CONE_PROBE_POINTS: usize = 256;
 /// returns it; None when nothing is mapped.
 pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
     debug_assert!(dense.len() <= GROUP_LPNS);
+    let mut runs = std::mem::take(&mut s.input);
+    runs.clear();
+    for (off, &ppn) in dense.iter().enumerate() {
+        if ppn != UNMAPPED {
+            push_run(&mut runs, off as u32, 1, ppn);
+        }
+    }
+    let encoded = encode_runs(&runs, s).is_some();
+    s.input = runs;
+    encoded.then_some(s.out.as_slice())
+}
+
+/// (offset, length, first PPN): a run of consecutive offsets mapping to consecutive PPNs.
+pub type GroupRun = (u16, u16, u32);
+
+/// Appends a run, joining it to the last one when it continues it.
+#[inline]
+pub fn push_run(runs: &mut Vec<GroupRun>, off: u32, len: u32, ppn: u32) {
+    if let Some((o, l, p)) = runs.last_mut() {
+        if u32::from(*o) + u32::from(*l) == off && p.wrapping_add(u32::from(*l)) == ppn {
+            *l += len as u16;
+            return;
+        }
+    }
+    runs.push((off as u16, len as u16, ppn));
+}
+
+/// The blob's mappings as runs, in offset order: O(runs) for exact segments and run lists, one
+/// step per point elsewhere.
+pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
+    out.clear();
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG != 0 {
+        let n = (first & !RUNS_FLAG) as usize;
+        for i in 0..n {
+            let start = rd16(b, 2 + 2 * i);
+            let len = rd16(b, 2 + 2 * n + 2 * i);
+            let ppn = rd_bits(b, 2 + 4 * n + 4 * i, 0, 32) as u32;
+            push_run(out, start, len, ppn);
+        }
+        return;
+    }
+    let h = Header::read(b);
+    let seg_at = HEADER_BYTES + 4 * h.n_intervals;
+    let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
+    let res_at = h.residuals_at();
+    let mut interval = 0usize;
+    let mut off = 0u32;
+    let mut left = if h.n_intervals == 0 { h.live } else { 0 };
+    for j in 0..h.n_segments {
+        let seg_first = rd16(b, seg_at + 2 * j);
+        let seg_end = if j + 1 < h.n_segments {
+            rd16(b, seg_at + 2 * (j + 1))
+        } else {
+            h.live
+        };
+        let (base, slope, width, res_off) = h.record(b, j);
+        let exact = slope == 1 << fit::SLOPE_FRAC_BITS && width == 0;
+        let mut dx = 0u32;
+        while dx < seg_end - seg_first {
+            while left == 0 {
+                off = rd16(b, HEADER_BYTES + 2 * interval);
+                let next_rank = if interval + 1 < h.n_intervals {
+                    rd16(b, ranks_at + 2 * (interval + 1))
+                } else {
+                    h.live
+                };
+                left = next_rank - rd16(b, ranks_at + 2 * interval);
+                interval += 1;
+            }
+            let n = left.min(seg_end - seg_first - dx);
+            if exact {
+                push_run(out, off, n, (base + i64::from(dx)) as u32);
+            } else {
+                for k in 0..n {
+                    let at = res_off + u64::from(dx + k) * u64::from(width);
+                    let residual = rd_bits(b, res_at, at, width);
+                    let ppn = (predict(base, slope, dx + k) + residual as i64) as u32;
+                    push_run(out, off + k, 1, ppn);
+                }
+            }
+            off += n;
+            left -= n;
+            dx += n;
+        }
+    }
+}
+
+/// `base` with `updates` laid over it (both sorted, non-overlapping): an update run replaces
+/// whatever `base` maps in its range, or unmaps it when `value_of` says None (a tombstone).
+pub fn overlay<U: Copy>(
+    base: &[GroupRun],
+    updates: &[U],
+    range_of: impl Fn(U) -> (u32, u32, Option<u32>),
+    out: &mut Vec<GroupRun>,
+) {
+    out.clear();
+    let mut rest = base
+        .iter()
+        .map(|&(o, l, p)| (u32::from(o), u32::from(l), p));
+    let mut cur = rest.next();
+    for &u in updates {
+        let (start, len, ppn) = range_of(u);
+        let end = start + len;
+        // Base pieces before the update.
+        while let Some((o, l, p)) = cur {
+            if o >= start {
+                break;
+            }
+            if o + l <= start {
+                push_run(out, o, l, p);
+                cur = rest.next();
+            } else {
+                push_run(out, o, start - o, p);
+                cur = Some((start, o + l - start, p + (start - o)));
+                break;
+            }
+        }
+        // Base pieces the update covers.
+        while let Some((o, l, p)) = cur {
+            if o >= end {
+                break;
+            }
+            if o + l <= end {
+                cur = rest.next();
+            } else {
+                cur = Some((end, o + l - end, p + (end - o)));
+                break;
+            }
+        }
+        if let Some(ppn) = ppn {
+            push_run(out, start, len, ppn);
+        }
+    }
+    while let Some((o, l, p)) = cur {
+        push_run(out, o, l, p);
+        cur = rest.next();
+    }
+}
+
+/// Encodes a group given as runs (offset order, as `push_run` builds them) into the scratch's
+/// buffer; None when there are none.
+pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]> {
     s.ys.clear();
     s.starts.clear();
     s.ranks.clear();
     s.runs.clear();
-    let mut previous_mapped = false;
-    for (off, &ppn) in dense.iter().enumerate() {
-        let mapped = ppn != UNMAPPED;
-        if mapped {
-            if !previous_mapped {
-                s.starts.push(off as u16);
-                s.ranks.push(s.ys.len() as u16);
-            }
-            match s.runs.last_mut() {
-                Some((o, l, p))
-                    if previous_mapped
-                        && *o as usize + *l as usize == off
-                        && p.wrapping_add(u32::from(*l)) == ppn =>
-                {
-                    *l += 1
-                }
-                _ => s.runs.push((off as u16, 1, ppn)),
-            }
-            s.ys.push(ppn);
+    s.runs.extend_from_slice(runs);
+    let mut live = 0u32;
+    let mut previous_end = None;
+    for &(off, len, _) in runs {
+        if previous_end != Some(u32::from(off)) {
+            s.starts.push(off);
+            s.ranks.push(live as u16);
         }
-        previous_mapped = mapped;
+        live += u32::from(len);
+        previous_end = Some(u32::from(off) + u32::from(len));
     }
-    if s.ys.is_empty() {
+    if live == 0 {
         return None;
     }
     let runs_bytes = 2 + 8 * s.runs.len();
-    let n_intervals = if s.ys.len() == GROUP_LPNS {
+    let n_intervals = if live as usize == GROUP_LPNS {
         0
     } else {
         s.starts.len()
@@ -492,13 +626,19 @@ pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
         }
         rank += len;
     }
-    if s.best.len() * 2 > s.ys.len() {
+    let needs_points = (live as usize) < 64 * s.best.len();
+    if needs_points {
+        for &(_, len, ppn) in &s.runs {
+            s.ys.extend((0..u32::from(len)).map(|k| ppn + k));
+        }
+    }
+    if s.best.len() * 2 > live as usize {
         // Mostly single points: the cone fit also finds exact lines of other slopes.
         fit::fit_cone(&s.ys, 0, &mut s.best);
     }
     let mut best_bytes = layout(n_intervals, &s.best).bytes;
     // Long exact runs cannot be beaten by much: a segment's few bytes are spread over them.
-    if s.ys.len() < 64 * s.best.len() {
+    if needs_points {
         for trial in 0..CANDIDATES {
             match trial {
                 0 => fit::fit_single(&s.ys, 0, &mut s.trial),
@@ -541,7 +681,7 @@ pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
         return Some(out.as_slice());
     }
     let l = layout(n_intervals, &s.best);
-    out.extend_from_slice(&(s.ys.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(live as u16).to_le_bytes());
     out.extend_from_slice(&(n_intervals as u16).to_le_bytes());
     out.extend_from_slice(&(s.best.len() as u16).to_le_bytes());
     out.extend_from_slice(&[
@@ -576,7 +716,7 @@ pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
     w.finish();
     debug_assert_eq!(res_off, l.residual_bits);
     let mut w = BitWriter::new(out);
-    for seg in &s.best {
+    for seg in s.best.iter().filter(|seg| seg.width > 0) {
         let width = u32::from(seg.width);
         for dx in 0..seg.len {
             let y = i64::from(s.ys[(seg.first + dx) as usize]);
@@ -629,6 +769,20 @@ mod tests {
         let mut back = vec![UNMAPPED; dense.len()];
         decode_into(&blob, &mut back);
         assert_eq!(back, dense);
+        let mut runs = Vec::new();
+        decode_runs(&blob, &mut runs);
+        let mut from_runs = vec![UNMAPPED; dense.len()];
+        for &(o, l, p) in &runs {
+            for k in 0..u32::from(l) {
+                from_runs[(u32::from(o) + k) as usize] = p + k;
+            }
+        }
+        assert_eq!(from_runs, dense);
+        // Runs come back maximal: none continues the one before it.
+        for w in runs.windows(2) {
+            let ((o, l, p), (o2, _, p2)) = (w[0], w[1]);
+            assert!(!(u32::from(o) + u32::from(l) == u32::from(o2) && p + u32::from(l) == p2));
+        }
         assert_eq!(
             live(&blob) as usize,
             dense.iter().filter(|&&p| p != UNMAPPED).count()

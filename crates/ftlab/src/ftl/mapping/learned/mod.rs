@@ -123,6 +123,16 @@ impl Span {
     }
 }
 
+/// Working memory of merges, allocated per round of merges (not part of the table at rest).
+#[derive(Default)]
+struct MergeScratch {
+    /// The group's current runs, decoded from its blob.
+    base: Vec<group::GroupRun>,
+    /// Those with the buffered updates laid over them.
+    merged: Vec<group::GroupRun>,
+    encode: group::Scratch,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct LearnedStats {
     pub merges: u64,
@@ -334,8 +344,7 @@ impl LearnedMapping {
 
     #[cold]
     fn merge_to_bound(&mut self) {
-        let mut scratch = group::Scratch::default();
-        let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
+        let mut work = MergeScratch::default();
         while self.buffered_entries > self.buffer_bound() {
             // A clock hand over the buffered groups picks the next one holding at least the
             // mean number of entries (one always does): each merge folds at least an average
@@ -351,30 +360,29 @@ impl LearnedMapping {
                     break d;
                 }
             };
-            self.merge(d as u32, &mut scratch, &mut dense);
+            self.merge(d as u32, &mut work);
         }
     }
 
     /// Folds delta `d` into its group's blob.
-    fn merge(&mut self, d: u32, scratch: &mut group::Scratch, dense: &mut [u32]) {
+    fn merge(&mut self, d: u32, work: &mut MergeScratch) {
         let delta = self.drop_delta(d);
         let g = delta.group;
-        dense.fill(group::UNMAPPED);
+        work.base.clear();
         if let Some(blob) = self.groups.blob(g) {
-            group::decode_into(blob, dense);
+            group::decode_runs(blob, &mut work.base);
         }
-        for run in &delta.runs {
-            let at = usize::from(run.off);
-            let cells = &mut dense[at..at + usize::from(run.len)];
-            if run.ppn == TOMBSTONE {
-                cells.fill(group::UNMAPPED);
-            } else {
-                for (k, cell) in cells.iter_mut().enumerate() {
-                    *cell = run.ppn + k as u32;
-                }
-            }
-        }
-        self.groups.set(g, group::encode(dense, scratch));
+        group::overlay(
+            &work.base,
+            &delta.runs,
+            |r| {
+                let ppn = (r.ppn != TOMBSTONE).then_some(r.ppn);
+                (u32::from(r.off), u32::from(r.len), ppn)
+            },
+            &mut work.merged,
+        );
+        self.groups
+            .set(g, group::encode_runs(&work.merged, &mut work.encode));
         // The span may say "buffered" for what is now compressed (only the statistics care).
         *self.span.get_mut() = Span::default();
         self.stats.merges += 1;
@@ -447,10 +455,9 @@ impl MappingTable for LearnedMapping {
     }
 
     fn compact(&mut self) {
-        let mut scratch = group::Scratch::default();
-        let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
+        let mut work = MergeScratch::default();
         while !self.deltas.is_empty() {
-            self.merge(0, &mut scratch, &mut dense);
+            self.merge(0, &mut work);
         }
         self.deltas.shrink_to_fit();
         self.delta_of_group.shrink_to_fit();
