@@ -229,7 +229,7 @@ impl Shard {
                 checksum,
             } => {
                 let handle = self.slabs.alloc(bytes.len(), lpn);
-                self.slabs.slot_mut(handle)[..bytes.len()].copy_from_slice(bytes);
+                self.slabs.write(handle, bytes);
                 self.compr_bytes += bytes.len() as u64;
                 let (kind, dictionary) = match encoding {
                     None => {
@@ -532,7 +532,7 @@ impl PageStore {
             same_fill::fill(out, body.word_or_checksum);
             return Ok(());
         }
-        let stored = &shard.slabs.slot(body.handle())[..usize::from(body.len)];
+        let stored = shard.slabs.slot(body.handle(), usize::from(body.len));
         if xxh3_64_with_seed(stored, lpn) != body.word_or_checksum {
             return Err(StoreError::Corrupt { lpn });
         }
@@ -694,7 +694,7 @@ impl PageStore {
         if body.kind == Kind::Same {
             return false;
         }
-        shard.slabs.slot_mut(body.handle())[0] ^= 1;
+        shard.slabs.slot_mut(body.handle(), 1)[0] ^= 1;
         true
     }
 

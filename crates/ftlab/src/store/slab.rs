@@ -9,6 +9,8 @@
 //! Written by hand: no crate offers a zsmalloc-style pool whose objects can be moved by their
 //! owner during compaction.
 
+use std::mem::MaybeUninit;
+
 /// Where an object lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handle {
@@ -25,7 +27,11 @@ const MAX_OBJECT_BYTES: usize = 16384;
 /// 40 bytes of bookkeeping per slab: with large objects a slab often holds one page.
 #[derive(Debug)]
 struct Slab {
-    memory: Option<Box<[u8]>>,
+    /// Uninitialised until written: a new slab is not zeroed (zeroing it cost a fifth of a
+    /// sequential write's time, on memory the kernel had just zeroed). Only the prefix of a slot
+    /// its object wrote is ever read as bytes (`slot`); compaction copies slots as
+    /// `MaybeUninit`, which keeps that prefix initialised.
+    memory: Option<Box<[MaybeUninit<u8>]>>,
     /// The key (LPN) of each object, so compaction can tell the owner where its object moved;
     /// a free slot holds FREE | next free slot (a free list threaded through the array).
     owner: Box<[u64]>,
@@ -37,7 +43,7 @@ struct Slab {
 impl Slab {
     fn new(slab_bytes: usize, objects: u16) -> Self {
         Slab {
-            memory: Some(vec![0u8; slab_bytes].into_boxed_slice()),
+            memory: Some(Box::new_uninit_slice(slab_bytes)),
             owner: (0..objects)
                 .map(|i| FREE | u64::from(if i + 1 == objects { NO_FREE } else { i + 1 }))
                 .collect(),
@@ -207,8 +213,7 @@ impl SlabAllocator {
         }
     }
 
-    /// The slot's bytes (the whole slot; callers use the prefix they stored).
-    pub fn slot(&self, h: Handle) -> &[u8] {
+    fn slot_memory(&self, h: Handle) -> &[MaybeUninit<u8>] {
         let class = &self.classes[h.class as usize];
         let size = class.object_bytes as usize;
         let memory = class.slabs[h.slab as usize]
@@ -218,7 +223,7 @@ impl SlabAllocator {
         &memory[h.object as usize * size..(h.object as usize + 1) * size]
     }
 
-    pub fn slot_mut(&mut self, h: Handle) -> &mut [u8] {
+    fn slot_memory_mut(&mut self, h: Handle) -> &mut [MaybeUninit<u8>] {
         let class = &mut self.classes[h.class as usize];
         let size = class.object_bytes as usize;
         let memory = class.slabs[h.slab as usize]
@@ -226,6 +231,31 @@ impl SlabAllocator {
             .as_deref_mut()
             .expect("handle to a live slab");
         &mut memory[h.object as usize * size..(h.object as usize + 1) * size]
+    }
+
+    /// Stores `bytes` at the start of the slot.
+    pub fn write(&mut self, h: Handle, bytes: &[u8]) {
+        let slot = &mut self.slot_memory_mut(h)[..bytes.len()];
+        // SAFETY: `slot` is exactly `bytes.len()` long; MaybeUninit<u8> has u8's layout.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.as_mut_ptr().cast(), bytes.len())
+        };
+    }
+
+    /// The first `len` bytes of the slot, which `write` must have stored.
+    pub fn slot(&self, h: Handle, len: usize) -> &[u8] {
+        let prefix = &self.slot_memory(h)[..len];
+        // SAFETY: the caller wrote at least `len` bytes with `write` (the store reads back only
+        // the length it stored), and compaction moves slots whole, so they are initialised.
+        unsafe { &*(prefix as *const [MaybeUninit<u8>] as *const [u8]) }
+    }
+
+    /// The first `len` stored bytes, mutably (tests corrupt pages through it).
+    #[doc(hidden)]
+    pub fn slot_mut(&mut self, h: Handle, len: usize) -> &mut [u8] {
+        let prefix = &mut self.slot_memory_mut(h)[..len];
+        // SAFETY: as in `slot`.
+        unsafe { &mut *(prefix as *mut [MaybeUninit<u8>] as *mut [u8]) }
     }
 
     pub fn free(&mut self, h: Handle) {
@@ -281,7 +311,7 @@ impl SlabAllocator {
                 };
                 let owner = class.slabs[src].owner[from];
                 let to = class.slabs[dst].take_free(owner);
-                let mut buf = [0u8; MAX_OBJECT_BYTES];
+                let mut buf = [MaybeUninit::<u8>::uninit(); MAX_OBJECT_BYTES];
                 let bytes = &mut buf[..size];
                 bytes.copy_from_slice(
                     &class.slabs[src].memory.as_deref().expect("live")
@@ -383,8 +413,8 @@ mod tests {
         assert_eq!(a.object_bytes(a.class_of(17)), 32);
         assert_eq!(a.object_bytes(a.class_of(4096)), 4096);
         let h: Vec<Handle> = (0..100).map(|i| a.alloc(1000, i)).collect();
-        a.slot_mut(h[5])[..4].copy_from_slice(b"abcd");
-        assert_eq!(&a.slot(h[5])[..4], b"abcd");
+        a.write(h[5], b"abcd");
+        assert_eq!(a.slot(h[5], 4), b"abcd");
         assert!(a.bytes() >= 100 * 1008);
         a.check();
         for x in h {
@@ -402,7 +432,7 @@ mod tests {
         let mut kept = std::collections::HashMap::new();
         for (i, h) in handles.into_iter().enumerate() {
             if i % 5 == 0 {
-                a.slot_mut(h)[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                a.write(h, &(i as u64).to_le_bytes());
                 kept.insert(i as u64, h);
             } else {
                 a.free(h);
@@ -418,7 +448,7 @@ mod tests {
             a.bytes()
         );
         for (owner, h) in kept {
-            assert_eq!(a.slot(h)[..8], owner.to_le_bytes());
+            assert_eq!(a.slot(h, 8), owner.to_le_bytes());
         }
     }
 }
