@@ -312,7 +312,9 @@ impl Device {
         self.started.elapsed().as_nanos() as u64
     }
 
-    fn transmission_flags(&self) -> u16 {
+    /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
+    /// in one chunk anyway.
+    fn transmission_flags(&self, structured: bool) -> u16 {
         // Multi-conn is safe: every completed write is visible to every connection at once
         // (one store, one lock), and a flush drains the one write buffer all share.
         p::TF_HAS_FLAGS
@@ -322,6 +324,7 @@ impl Device {
             | p::TF_SEND_WRITE_ZEROES
             | p::TF_SEND_FAST_ZERO
             | p::TF_CAN_MULTI_CONN
+            | if structured { p::TF_SEND_DF } else { 0 }
     }
 
     /// Applies one command; fills `out` for reads. Returns the simulated latency in ns.
@@ -497,6 +500,7 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
         return Err("client does not speak fixed newstyle".into());
     }
     let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
+    let mut structured = false;
     let name_ok = |name: &str| name.is_empty() || name == device.options.export_name;
     // Option haggling.
     loop {
@@ -520,7 +524,7 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
                     return Err(format!("unknown export `{name}`"));
                 }
                 send(&mut w, &device.size_bytes.to_be_bytes())?;
-                send(&mut w, &device.transmission_flags().to_be_bytes())?;
+                send(&mut w, &device.transmission_flags(structured).to_be_bytes())?;
                 if !no_zeroes {
                     send(&mut w, &[0u8; 124])?;
                 }
@@ -545,6 +549,21 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
                     send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
                 }
             }
+            p::OPT_STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    structured = true;
+                    send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                } else {
+                    send(
+                        &mut w,
+                        &p::option_reply(
+                            header.option,
+                            p::REP_ERR_INVALID,
+                            b"STRUCTURED_REPLY takes no data",
+                        ),
+                    )?;
+                }
+            }
             p::OPT_INFO | p::OPT_GO => match p::parse_go(&data) {
                 Err(e) => send(
                     &mut w,
@@ -559,7 +578,8 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
                     ),
                 )?,
                 Ok(_) => {
-                    let info = p::info_export(device.size_bytes, device.transmission_flags());
+                    let info =
+                        p::info_export(device.size_bytes, device.transmission_flags(structured));
                     send(&mut w, &p::option_reply(header.option, p::REP_INFO, &info))?;
                     // Any byte range works (partial pages are read-modify-writes); whole
                     // pages are what the device prefers.
@@ -583,7 +603,7 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
     // completion is due, from a writer thread, so requests in flight overlap as on a device.
     if device.options.latency == Latency::None {
         let w = Mutex::new(w);
-        transmission(device, &mut r, |reply, _| {
+        transmission(device, structured, &mut r, |reply, _| {
             let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
             send(&mut *w, &reply)?;
             w.flush().map_err(|e| e.to_string())
@@ -592,7 +612,7 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
             let writer = scope.spawn(move || deliver_when_due(rx, w));
-            let result = transmission(device, &mut r, |reply, hold| {
+            let result = transmission(device, structured, &mut r, |reply, hold| {
                 tx.send((Instant::now() + hold, reply))
                     .map_err(|_| "reply writer stopped".to_string())
             });
@@ -615,6 +635,7 @@ const WORKERS_PER_CONNECTION: usize = 2;
 /// been answered.
 fn transmission<R: Read + Send>(
     device: &Device,
+    structured: bool,
     r: &mut BufReader<R>,
     deliver: impl Fn(Vec<u8>, Duration) -> Result<(), String> + Sync,
 ) -> Result<(), String> {
@@ -631,7 +652,7 @@ fn transmission<R: Read + Send>(
                 loop {
                     let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok((request, payload)) = job else { return };
-                    let reply = answer(device, &request, &payload, &mut out);
+                    let reply = answer(device, structured, &request, &payload, &mut out);
                     spare
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -692,9 +713,12 @@ fn read_requests<R: Read>(
     }
 }
 
-/// Executes one request: the reply bytes and how long to hold them.
+/// Executes one request: the reply bytes and how long to hold them. With structured replies
+/// negotiated, a read's data goes in one final OFFSET_DATA chunk and every error in an ERROR
+/// chunk carrying a message; other successes keep the simple reply, as the spec allows.
 fn answer(
     device: &Device,
+    structured: bool,
     request: &p::Request,
     payload: &[u8],
     out: &mut Vec<u8>,
@@ -711,17 +735,58 @@ fn answer(
                 Latency::Real => latency_ns as f64,
                 Latency::Scaled(x) => latency_ns as f64 * x,
             };
-            let mut reply = p::simple_reply_header(0, request.cookie).to_vec();
-            if request.command == p::CMD_READ {
-                reply.extend_from_slice(out);
-            }
+            let reply = match (structured, request.command) {
+                (true, p::CMD_READ) if out.is_empty() => p::structured_reply_header(
+                    p::REPLY_FLAG_DONE,
+                    p::REPLY_TYPE_NONE,
+                    request.cookie,
+                    0,
+                )
+                .to_vec(),
+                (true, p::CMD_READ) => {
+                    let mut reply = p::structured_reply_header(
+                        p::REPLY_FLAG_DONE,
+                        p::REPLY_TYPE_OFFSET_DATA,
+                        request.cookie,
+                        8 + out.len() as u32,
+                    )
+                    .to_vec();
+                    reply.extend_from_slice(&request.offset.to_be_bytes());
+                    reply.extend_from_slice(out);
+                    reply
+                }
+                (false, p::CMD_READ) => {
+                    let mut reply = p::simple_reply_header(0, request.cookie).to_vec();
+                    reply.extend_from_slice(out);
+                    reply
+                }
+                _ => p::simple_reply_header(0, request.cookie).to_vec(),
+            };
             (reply, Duration::from_nanos(hold_ns as u64))
         }
+        Err(errno) if structured => (
+            p::structured_error(request.cookie, errno, &error_message(request, errno)),
+            Duration::ZERO,
+        ),
         Err(errno) => (
             p::simple_reply_header(errno, request.cookie).to_vec(),
             Duration::ZERO,
         ),
     }
+}
+
+/// What a structured error chunk tells the human behind the client.
+fn error_message(request: &p::Request, errno: u32) -> String {
+    let what = match errno {
+        p::EINVAL => "invalid request (out of range, too long, or an unknown command)",
+        p::ENOSPC => "no space: beyond the device, or the page store is at --mem-limit",
+        p::EIO => "I/O error in the page store",
+        _ => "error",
+    };
+    format!(
+        "ftlab: command {} at offset {} length {}: {what}",
+        request.command, request.offset, request.length
+    )
 }
 
 /// Writes each reply when it is due (earliest first), until the sender is gone and every

@@ -1,4 +1,4 @@
-//! The NBD wire protocol (fixed newstyle handshake, simple replies), as pure functions over
+//! The NBD wire protocol (fixed newstyle handshake, simple and structured replies), as pure functions over
 //! bytes so that the parsers can be fuzzed and tested without sockets.
 //! Reference: NetworkBlockDevice/nbd doc/proto.md.
 
@@ -7,6 +7,7 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
 pub const REPLY_MAGIC_OPT: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1;
 pub const FLAG_NO_ZEROES: u16 = 2;
@@ -18,6 +19,12 @@ pub const OPT_ABORT: u32 = 2;
 pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
+
+pub const REPLY_FLAG_DONE: u16 = 1;
+pub const REPLY_TYPE_NONE: u16 = 0;
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
@@ -34,6 +41,7 @@ pub const TF_SEND_FLUSH: u16 = 1 << 2;
 pub const TF_SEND_FUA: u16 = 1 << 3;
 pub const TF_SEND_TRIM: u16 = 1 << 5;
 pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
+pub const TF_SEND_DF: u16 = 1 << 7;
 pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
 pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
 
@@ -185,6 +193,33 @@ pub fn simple_reply_header(error: u32, cookie: u64) -> [u8; 16] {
     h[4..8].copy_from_slice(&error.to_be_bytes());
     h[8..].copy_from_slice(&cookie.to_be_bytes());
     h
+}
+
+/// A structured reply chunk's header; `length` is the payload's.
+pub fn structured_reply_header(flags: u16, kind: u16, cookie: u64, length: u32) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
+    h[6..8].copy_from_slice(&kind.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h[16..].copy_from_slice(&length.to_be_bytes());
+    h
+}
+
+/// A final NBD_REPLY_TYPE_ERROR chunk: the error and a message for humans.
+pub fn structured_error(cookie: u64, error: u32, message: &str) -> Vec<u8> {
+    let message = &message.as_bytes()[..message.len().min(4096)];
+    let mut v = structured_reply_header(
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR,
+        cookie,
+        6 + message.len() as u32,
+    )
+    .to_vec();
+    v.extend_from_slice(&error.to_be_bytes());
+    v.extend_from_slice(&(message.len() as u16).to_be_bytes());
+    v.extend_from_slice(message);
+    v
 }
 
 #[cfg(test)]

@@ -60,6 +60,10 @@ fn connect(device: &Arc<Device>) -> (UnixStream, std::thread::JoinHandle<Result<
 struct Client {
     s: UnixStream,
     cookie: u64,
+    /// Structured replies were negotiated.
+    structured: bool,
+    /// The message of the last structured error chunk.
+    last_error_message: String,
 }
 
 fn option(s: &mut UnixStream, option: u32, data: &[u8]) {
@@ -103,8 +107,22 @@ fn greet(s: &mut UnixStream) {
 
 impl Client {
     fn open(device: &Arc<Device>) -> (Client, std::thread::JoinHandle<Result<(), String>>) {
+        Client::open_with(device, false)
+    }
+
+    fn open_with(
+        device: &Arc<Device>,
+        structured: bool,
+    ) -> (Client, std::thread::JoinHandle<Result<(), String>>) {
         let (mut s, h) = connect(device);
         greet(&mut s);
+        if structured {
+            // With data it is refused; without, acknowledged.
+            option(&mut s, p::OPT_STRUCTURED_REPLY, b"x");
+            assert_eq!(option_reply(&mut s).0, p::REP_ERR_INVALID);
+            option(&mut s, p::OPT_STRUCTURED_REPLY, &[]);
+            assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+        }
         option(&mut s, p::OPT_GO, &go_data("ftlab"));
         let mut size = None;
         loop {
@@ -112,6 +130,9 @@ impl Client {
             match kind {
                 p::REP_INFO if u16::from_be_bytes([d[0], d[1]]) == p::INFO_EXPORT => {
                     size = Some(u64::from_be_bytes(d[2..10].try_into().unwrap()));
+                    let flags = u16::from_be_bytes([d[10], d[11]]);
+                    // DF only with structured replies, as the spec requires.
+                    assert_eq!(flags & p::TF_SEND_DF != 0, structured);
                 }
                 p::REP_INFO => {}
                 p::REP_ACK => break,
@@ -119,7 +140,13 @@ impl Client {
             }
         }
         assert_eq!(size, Some(SIZE));
-        (Client { s, cookie: 0 }, h)
+        let client = Client {
+            s,
+            cookie: 0,
+            structured,
+            last_error_message: String::new(),
+        };
+        (client, h)
     }
 
     fn request(
@@ -139,8 +166,22 @@ impl Client {
         m.extend_from_slice(&length.to_be_bytes());
         m.extend_from_slice(data);
         self.s.write_all(&m).unwrap();
+        let mut magic = [0u8; 4];
+        self.s.read_exact(&mut magic).unwrap();
+        if u32::from_be_bytes(magic) == p::STRUCTURED_REPLY_MAGIC {
+            assert!(
+                self.structured,
+                "a structured reply that was not negotiated"
+            );
+            return self.structured_reply(offset);
+        }
+        assert!(
+            !(self.structured && command == p::CMD_READ),
+            "a simple reply to a read after structured replies were negotiated"
+        );
         let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
+        h[..4].copy_from_slice(&magic);
+        self.s.read_exact(&mut h[4..]).unwrap();
         assert_eq!(
             u32::from_be_bytes(h[..4].try_into().unwrap()),
             p::SIMPLE_REPLY_MAGIC
@@ -154,6 +195,83 @@ impl Client {
         }
         (error, d)
     }
+
+    /// The rest of a one-chunk structured reply (the magic is read).
+    fn structured_reply(&mut self, offset: u64) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        let flags = u16::from_be_bytes([h[0], h[1]]);
+        let kind = u16::from_be_bytes([h[2], h[3]]);
+        assert_eq!(
+            u64::from_be_bytes(h[4..12].try_into().unwrap()),
+            self.cookie
+        );
+        let len = u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize;
+        assert_eq!(
+            flags,
+            p::REPLY_FLAG_DONE,
+            "ftlab answers in one final chunk"
+        );
+        let mut payload = vec![0u8; len];
+        self.s.read_exact(&mut payload).unwrap();
+        match kind {
+            p::REPLY_TYPE_NONE => {
+                assert_eq!(len, 0);
+                (0, Vec::new())
+            }
+            p::REPLY_TYPE_OFFSET_DATA => {
+                assert!(len > 8, "no empty data chunks");
+                assert_eq!(u64::from_be_bytes(payload[..8].try_into().unwrap()), offset);
+                (0, payload[8..].to_vec())
+            }
+            p::REPLY_TYPE_ERROR => {
+                let error = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                let n = u16::from_be_bytes([payload[4], payload[5]]) as usize;
+                assert_eq!(n + 6, len);
+                self.last_error_message = String::from_utf8(payload[6..].to_vec()).unwrap();
+                assert_ne!(error, 0);
+                (error, Vec::new())
+            }
+            other => panic!("unexpected chunk type {other}"),
+        }
+    }
+}
+
+#[test]
+fn structured_replies_carry_reads_and_errors() {
+    let device = device();
+    let (mut c, h) = Client::open_with(&device, true);
+    let mut oracle = vec![0u8; 1 << 20];
+    let mut rng = SplitMix64::new(17);
+    for _ in 0..300 {
+        let offset = rng.bounded(1 << 20);
+        let len = (1 + rng.bounded(20_000) as u32).min((1 << 20) - offset as u32);
+        let end = (offset + u64::from(len)) as usize;
+        if rng.bounded(2) == 0 {
+            let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8 & 0x0f).collect();
+            assert_eq!(c.request(p::CMD_WRITE, 0, offset, len, &data).0, 0);
+            oracle[offset as usize..end].copy_from_slice(&data);
+        } else {
+            let (err, d) = c.request(p::CMD_READ, 0, offset, len, &[]);
+            assert_eq!(err, 0);
+            assert!(d == oracle[offset as usize..end], "read at {offset}+{len}");
+        }
+    }
+    // A zero-length read is a bare final chunk; a read past the end an error with a message.
+    assert_eq!(c.request(p::CMD_READ, 0, 0, 0, &[]), (0, Vec::new()));
+    let (err, _) = c.request(p::CMD_READ, 0, SIZE - 10, 4096, &[]);
+    assert_eq!(err, p::EINVAL);
+    assert!(
+        c.last_error_message.contains("offset"),
+        "{}",
+        c.last_error_message
+    );
+    // The connection still serves; DF ("don't fragment") reads are one chunk like all reads.
+    const CMD_FLAG_DF: u16 = 1 << 2;
+    let (err, d) = c.request(p::CMD_READ, CMD_FLAG_DF, 0, 4096, &[]);
+    assert_eq!((err, &d[..]), (0, &oracle[..4096]));
+    drop(c);
+    assert!(h.join().unwrap().is_ok());
 }
 
 #[test]
