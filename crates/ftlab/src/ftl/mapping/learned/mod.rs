@@ -4,9 +4,11 @@
 //! (`group.rs`): the mapped LPNs as runs (holes cost nothing per LPN), and over their ranks
 //! error-bounded piecewise-linear segments (`fit.rs`) with bit-packed non-negative residuals.
 //! Updates go first to a small per-group buffer of runs (`delta`), which is merged into the
-//! group's blob when the buffer as a whole exceeds its bound: the group holding the most buffered
-//! updates is decoded, patched and re-encoded. The bound is a fraction of the live mappings,
-//! so the compressed layer, not the buffer, answers most lookups (`compressed_get_fraction`).
+//! group's blob when the buffer as a whole exceeds its bound: a buffered group holding at least
+//! the mean share is decoded to runs, the buffered runs laid over them, and the group re-encoded.
+//! The bound is a fraction of the live mappings, so the compressed layer, not the buffer, answers
+//! most lookups (`compressed_get_fraction`). A one-entry cursor (`Span`) remembers the range the
+//! last lookup resolved, so sequential lookups and updates skip the searches.
 //!
 //! Must not know: flash geometry beyond the LPN count, timing, or where PPNs come from.
 
