@@ -7,14 +7,14 @@
 //! mapping, latency emulation. Does not know: FTL internals (it calls `Ftl::submit`) or how the
 //! store compresses.
 
+pub mod model;
 pub mod protocol;
 
 use crate::config::Config;
-use crate::ftl::mapping::FlatMapping;
-use crate::ftl::Ftl;
 use crate::request::{Op, Request as FtlRequest};
 use crate::store::codec::Codec;
 use crate::store::{PageStore, StoreConfig, StoreStats};
+use model::ModelFtl;
 use protocol as p;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::sync::Mutex;
@@ -70,7 +70,7 @@ pub enum RecordFormat {
 }
 
 struct State {
-    ftl: Ftl<FlatMapping>,
+    ftl: ModelFtl,
     requests: u64,
     record: Option<BufWriter<std::fs::File>>,
     record_format: RecordFormat,
@@ -170,7 +170,7 @@ impl Device {
         Ok(Device {
             rmw: Mutex::new(()),
             state: Mutex::new(State {
-                ftl: Ftl::new(config, FlatMapping::new(geometry.logical_pages)),
+                ftl: ModelFtl::new(config, geometry.logical_pages),
                 requests: 0,
                 record,
                 record_format: options.record_format,
@@ -271,9 +271,16 @@ impl Device {
         Ok(())
     }
 
-    /// The live statistics: the simulator's counters and the store's mm_stat fields.
+    /// The live statistics: the simulator's counters, the mapping table's DRAM and the store's
+    /// mm_stat fields.
     pub fn stats_json(&self) -> serde_json::Value {
         let (requests, ftl) = self.ftl_stats();
+        let mapping = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ftl
+            .mapping();
         serde_json::json!({
             "uptime_ns": self.now_ns(),
             "requests": requests,
@@ -283,6 +290,7 @@ impl Device {
             "gc_write_pages": ftl.gc_write_pages,
             "erases": ftl.erases,
             "counters": ftl,
+            "mapping": mapping,
             "store": self.store.stats(),
         })
     }

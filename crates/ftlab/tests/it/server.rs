@@ -574,3 +574,44 @@ fn a_full_store_answers_enospc_and_keeps_serving() {
     let (err, _) = c.request(p::CMD_WRITE, 0, at * 65536, 4096, &written[0][..4096]);
     assert_eq!(err, 0, "after a trim the write fits");
 }
+
+/// `ftl.mapping` applies to the server's FTL model too, and its statistics name the table.
+#[test]
+fn the_server_models_the_configured_mapping_table() {
+    let c = config(
+        "femu",
+        &[
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+            "ftl.mapping=\"learned\"",
+        ],
+    );
+    let device = Arc::new(
+        Device::new(
+            &c,
+            DeviceOptions {
+                export_name: "ftlab".into(),
+                latency: Latency::None,
+                codec: Codec::Lz4,
+                record: None,
+                record_format: ftlab::server::RecordFormat::Nbdkit,
+                mem_limit_bytes: None,
+            },
+        )
+        .unwrap(),
+    );
+    let (mut c, _h) = Client::open(&device);
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    for i in 0..8u64 {
+        assert_eq!(c.request(p::CMD_WRITE, 0, i << 20, 1 << 20, &data).0, 0);
+    }
+    let (err, back) = c.request(p::CMD_READ, 0, 3 << 20, 1 << 20, &[]);
+    assert_eq!((err, back == data), (0, true));
+    let stats = device.stats_json();
+    assert_eq!(stats["mapping"]["table"], "learned");
+    assert_eq!(stats["mapping"]["live_mappings"], 8 * 256);
+    assert!(stats["mapping"]["compressed_get_fraction"]
+        .as_f64()
+        .is_some());
+}
