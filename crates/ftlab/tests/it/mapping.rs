@@ -95,8 +95,43 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
     ops
 }
 
+/// Update streams of the real traces (log-head PPNs), read once.
+fn real_updates() -> &'static [Vec<(u32, u32)>] {
+    static UPDATES: std::sync::OnceLock<Vec<Vec<(u32, u32)>>> = std::sync::OnceLock::new();
+    UPDATES.get_or_init(|| {
+        ["rocksdb.nbdlog.gz", "pgbench.nbdlog.gz", "files.nbdlog.gz"]
+            .iter()
+            .map(|name| {
+                let path = crate::support::trace(name);
+                ftlab::mapbench::ops_from_trace(
+                    &path,
+                    None,
+                    None,
+                    ftlab::mapbench::PpnSource::LogHead,
+                )
+                .expect("trace reads")
+                .updates
+            })
+            .collect()
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Trace-shaped sequences: a window of a real trace's updates (writes in runs, trims of
+    /// whole files, rewrites), its LPNs folded into the small test space.
+    #[test]
+    fn real_trace_windows_match_a_hashmap(trace in 0..3usize, start in 0..1_000_000usize, len in 1..6000usize) {
+        let updates = &real_updates()[trace];
+        let start = start % updates.len();
+        let window = &updates[start..(start + len).min(updates.len())];
+        let ops: Vec<(u32, Option<u32>)> = window
+            .iter()
+            .map(|&(lpn, v)| (lpn % LPNS, (v != ftlab::mapbench::REMOVE).then_some(v)))
+            .collect();
+        oracle::check_all(&ops, LPNS, 64);
+    }
 
     #[test]
     fn every_table_matches_a_hashmap(patterns in prop::collection::vec(pattern(), 1..40)) {
