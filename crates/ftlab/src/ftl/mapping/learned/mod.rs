@@ -391,6 +391,15 @@ impl LearnedMapping {
         self.stats.merged_entries += u64::from(delta.entries);
     }
 
+    fn remove_mapped(&mut self, lpn: u32, buffered: bool) {
+        // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
+        // An answer from the compressed layer says it does, without a second search.
+        let blob_maps = !buffered || self.compressed(lpn).is_some();
+        self.write_delta(lpn, blob_maps.then_some(TOMBSTONE));
+        self.live -= 1;
+        self.merge_while_over_bound();
+    }
+
     /// Bytes of the compressed groups alone (blobs and their directory).
     pub fn compressed_bytes(&self) -> usize {
         self.groups.heap_bytes()
@@ -424,16 +433,13 @@ impl MappingTable for LearnedMapping {
         old
     }
 
+    #[inline]
     fn remove(&mut self, lpn: u32) -> Option<u32> {
+        // Trimming what is not mapped (most of a file system's discards) stays inline.
         let (old, buffered) = self.lookup(lpn);
-        old?;
-        // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
-        // An answer from the compressed layer says it does, without a second search.
-        let blob_maps = !buffered || self.compressed(lpn).is_some();
-        self.write_delta(lpn, blob_maps.then_some(TOMBSTONE));
-        self.live -= 1;
-        self.merge_while_over_bound();
-        old
+        let old = old?;
+        self.remove_mapped(lpn, buffered);
+        Some(old)
     }
 
     fn live_mappings(&self) -> u64 {
