@@ -21,7 +21,8 @@ pub struct MapbenchArgs {
     #[arg(long, value_parser = ["msr", "nbdkit", "disksim", "blkparse", "fio"])]
     format: Option<String>,
     /// Where PPNs come from: log-head (each page write takes the next PPN, the JDB-FTL report's
-    /// method), simulator (ftlab's FTL on the default preset, GC relocations included), or both.
+    /// method), simulator (ftlab's FTL: the default preset's flash sized to the device plus 7 %
+    /// spare, GC relocations included), or both.
     #[arg(long, default_value = "log-head", value_parser = ["log-head", "simulator", "both"])]
     ppns: String,
     /// Tables to compare (comma-separated).
@@ -32,9 +33,9 @@ pub struct MapbenchArgs {
     #[arg(long)]
     device_bytes: Option<u64>,
     /// Instead of the side-by-side comparison: repeat the (single, log-head) trace's pattern over
-    /// a device of this many bytes (e.g. 17592186044416 for 16 TiB) with the learned table alone,
+    /// a device of this size (bytes, or with K/M/G/T: 16T is 16 TiB) with the learned table alone,
     /// and report its memory; flat arrays of that size are only computed.
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
     tile_to: Option<u64>,
     /// Throughput is the fastest of this many runs, each on a fresh table.
     #[arg(long, default_value_t = 3)]

@@ -55,7 +55,7 @@ pub struct ServeArgs {
 }
 
 /// "512M" -> 536870912: a byte count with an optional K, M, G or T (binary) suffix.
-fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 10),
