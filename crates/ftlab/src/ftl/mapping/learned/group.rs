@@ -633,8 +633,14 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
         }
     }
     if s.best.len() * 2 > live as usize {
-        // Mostly single points: the cone fit also finds exact lines of other slopes.
-        fit::fit_cone(&s.ys, 0, &mut s.best);
+        // Mostly single points: the cone fit also finds exact lines of other slopes (descending,
+        // strided), if the first points show any (any two points make a line, so lines of
+        // four or more are what count).
+        let prefix = &s.ys[..s.ys.len().min(CONE_PROBE_POINTS)];
+        fit::fit_cone(prefix, 0, &mut s.trial);
+        if 4 * s.trial.len() <= prefix.len() {
+            fit::fit_cone(&s.ys, 0, &mut s.best);
+        }
     }
     let mut best_bytes = layout(n_intervals, &s.best).bytes;
     // Long exact runs cannot be beaten by much: a segment's few bytes are spread over them.
