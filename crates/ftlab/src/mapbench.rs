@@ -326,10 +326,17 @@ pub fn allocator_in_use() -> Option<u64> {
     None
 }
 
+/// What the allocator holds now beyond `before` (an `allocator_in_use()` reading).
+fn allocated_since(before: Option<u64>) -> Option<u64> {
+    before
+        .zip(allocator_in_use())
+        .map(|(b, a)| a.saturating_sub(b))
+}
+
 /// Per-operation timing with the time-stamp counter: `rdtscp` waits for earlier instructions,
 /// its own cost (measured) is subtracted, and ticks are converted with a rate calibrated against
 /// the OS clock. One op per sample, so a slow op is seen as slow (no averaging inside batches).
-struct Clock {
+pub struct Clock {
     ticks_per_ns: f64,
     overhead_ticks: u64,
 }
@@ -350,7 +357,7 @@ fn ticks() -> u64 {
 }
 
 impl Clock {
-    fn calibrate() -> Self {
+    pub fn calibrate() -> Self {
         let (t0, i0) = (ticks(), Instant::now());
         while i0.elapsed().as_millis() < 20 {
             std::hint::spin_loop();
@@ -422,8 +429,8 @@ pub fn run_table<M: MappingTable>(
     ops: &MapOps,
     oracle: &[u32],
     repeat: u32,
+    clock: &Clock,
 ) -> TableResult {
-    let clock = Clock::calibrate();
     // Throughput: the fastest of `repeat` runs, each on a fresh table (this machine's neighbours
     // slow single runs down by up to 2x; the minimum is the least disturbed).
     let (mut set_s, mut get_s, mut random_s) = (f64::MAX, f64::MAX, f64::MAX);
@@ -448,9 +455,7 @@ pub fn run_table<M: MappingTable>(
         ok &= table.get(lpn as u32) == (v != REMOVE).then_some(v);
     }
     let bytes = table.heap_bytes() as u64;
-    let allocator_bytes = before
-        .zip(allocator_in_use())
-        .map(|(b, a)| a.saturating_sub(b));
+    let allocator_bytes = allocated_since(before);
     let live = table.live_mappings();
     let name = table.name().to_string();
     drop(table);
@@ -490,11 +495,7 @@ pub fn run_table<M: MappingTable>(
     TableResult {
         name,
         bytes,
-        bytes_per_live_mapping: if live == 0 {
-            0.0
-        } else {
-            crate::report::round6(bytes as f64 / live as f64)
-        },
+        bytes_per_live_mapping: crate::report::bytes_per_mapping(bytes, live),
         bytes_before_compact,
         allocator_bytes,
         total_ms: crate::report::round6(total_ms),
@@ -514,18 +515,19 @@ pub fn run_table<M: MappingTable>(
 pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat: u32) -> MapBench {
     let oracle = ops.oracle();
     let pages = ops.logical_pages;
+    let clock = Clock::calibrate();
     let mut results = Vec::new();
     for name in tables {
         let r = match name.as_str() {
-            "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle, repeat),
+            "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle, repeat, &clock),
             "flat-u32" => {
-                let mut r = run_table(|| FlatMapping::new(pages), ops, &oracle, repeat);
+                let mut r = run_table(|| FlatMapping::new(pages), ops, &oracle, repeat, &clock);
                 r.name = "flat-u32".into();
                 r
             }
-            "hash" => run_table(HashMapping::new, ops, &oracle, repeat),
-            "extent" => run_table(ExtentMapping::new, ops, &oracle, repeat),
-            "learned" => run_table(|| LearnedMapping::new(pages), ops, &oracle, repeat),
+            "hash" => run_table(HashMapping::new, ops, &oracle, repeat, &clock),
+            "extent" => run_table(ExtentMapping::new, ops, &oracle, repeat, &clock),
+            "learned" => run_table(|| LearnedMapping::new(pages), ops, &oracle, repeat, &clock),
             other => panic!("unknown table {other}; the command line checks names"),
         };
         results.push(r);
@@ -542,7 +544,7 @@ pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat
         gets: ops.gets.len() as u64,
         live_mappings: oracle.iter().filter(|&&v| v != REMOVE).count() as u64,
         compressed_get_fraction: results.iter().find_map(|r| r.compressed_get_fraction),
-        latency_method: Clock::calibrate().method(),
+        latency_method: clock.method(),
         tables: results,
     }
 }
@@ -651,9 +653,7 @@ pub fn run_tiled(
     let seconds = t0.elapsed().as_secs_f64();
     table.compact();
     let bytes = table.heap_bytes() as u64;
-    let allocator_bytes = before
-        .zip(allocator_in_use())
-        .map(|(b, a)| a.saturating_sub(b));
+    let allocator_bytes = allocated_since(before);
     let live_per_tile = oracle.iter().filter(|&&v| v != REMOVE).count() as u64;
     let mut ok = table.live_mappings() == live_per_tile * tiles;
     for k in 0..tiles {
@@ -673,11 +673,7 @@ pub fn run_tiled(
         live_mappings: live,
         bytes,
         allocator_bytes,
-        bytes_per_live_mapping: if live == 0 {
-            0.0
-        } else {
-            crate::report::round6(bytes as f64 / live as f64)
-        },
+        bytes_per_live_mapping: crate::report::bytes_per_mapping(bytes, live),
         set_mops: crate::report::round6(
             (tiles * ops.updates.len() as u64) as f64 / seconds.max(1e-9) / 1e6,
         ),

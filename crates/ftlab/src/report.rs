@@ -294,6 +294,15 @@ impl From<&FtlStats> for Counters {
     }
 }
 
+/// `bytes / live`, rounded as every report figure; 0 for an empty table.
+pub(crate) fn bytes_per_mapping(bytes: u64, live: u64) -> f64 {
+    if live == 0 {
+        0.0
+    } else {
+        round6(bytes as f64 / live as f64)
+    }
+}
+
 pub(crate) fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
@@ -356,11 +365,7 @@ impl Report {
                 table: ftl.mapping().name().to_string(),
                 bytes: mapping_bytes,
                 live_mappings: live,
-                bytes_per_live_mapping: if live == 0 {
-                    0.0
-                } else {
-                    round6(mapping_bytes as f64 / live as f64)
-                },
+                bytes_per_live_mapping: bytes_per_mapping(mapping_bytes, live),
                 ftl_metadata_bytes: ftl.metadata_bytes() as u64,
                 compressed_get_fraction: ftl.mapping().compressed_get_fraction().map(round6),
             },

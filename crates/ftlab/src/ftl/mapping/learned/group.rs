@@ -301,56 +301,6 @@ pub fn encoded_len(b: &[u8]) -> usize {
     h.residuals_at() + residual_bits.div_ceil(8) as usize
 }
 
-/// Writes every mapping of the blob into `dense` (indexed by group offset).
-pub fn decode_into(b: &[u8], dense: &mut [u32]) {
-    let first = rd16(b, 0);
-    if first & RUNS_FLAG != 0 {
-        let n = (first & !RUNS_FLAG) as usize;
-        for i in 0..n {
-            let start = rd16(b, 2 + 2 * i) as usize;
-            let len = rd16(b, 2 + 2 * n + 2 * i) as usize;
-            let ppn = rd_bits(b, 2 + 4 * n + 4 * i, 0, 32) as u32;
-            for (k, cell) in dense[start..start + len].iter_mut().enumerate() {
-                *cell = ppn + k as u32;
-            }
-        }
-        return;
-    }
-    let h = Header::read(b);
-    let seg_at = HEADER_BYTES + 4 * h.n_intervals;
-    let res_at = h.residuals_at();
-    // Offsets in rank order, one interval at a time.
-    let mut interval = 0usize;
-    let mut off = 0u32;
-    let mut left_in_interval = if h.n_intervals == 0 { h.live } else { 0 };
-    for j in 0..h.n_segments {
-        let first = rd16(b, seg_at + 2 * j);
-        let end = if j + 1 < h.n_segments {
-            rd16(b, seg_at + 2 * (j + 1))
-        } else {
-            h.live
-        };
-        let (base, slope, width, res_off) = h.record(b, j);
-        for dx in 0..end - first {
-            while left_in_interval == 0 {
-                let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
-                off = rd16(b, HEADER_BYTES + 2 * interval);
-                let next_rank = if interval + 1 < h.n_intervals {
-                    rd16(b, ranks_at + 2 * (interval + 1))
-                } else {
-                    h.live
-                };
-                left_in_interval = next_rank - rd16(b, ranks_at + 2 * interval);
-                interval += 1;
-            }
-            let residual = rd_bits(b, res_at, res_off + u64::from(dx) * u64::from(width), width);
-            dense[off as usize] = (predict(base, slope, dx) + residual as i64) as u32;
-            off += 1;
-            left_in_interval -= 1;
-        }
-    }
-}
-
 /// Working memory for encoding, allocated per merge (it is not part of the table at rest).
 #[derive(Default)]
 pub struct Scratch {
@@ -772,9 +722,6 @@ mod tests {
                 );
             }
         }
-        let mut back = vec![UNMAPPED; dense.len()];
-        decode_into(&blob, &mut back);
-        assert_eq!(back, dense);
         let mut runs = Vec::new();
         decode_runs(&blob, &mut runs);
         let mut from_runs = vec![UNMAPPED; dense.len()];
