@@ -17,6 +17,7 @@ use crate::store::{PageStore, StoreConfig, StoreStats};
 use model::ModelFtl;
 use protocol as p;
 use std::io::{BufReader, BufWriter, Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -357,7 +358,8 @@ impl Device {
         let last_excl = (offset + length).div_ceil(ps);
         let (whole_first, whole_end) = whole_pages(offset, length, ps);
         let batched = whole_end - whole_first >= 8;
-        let mut page = vec![0u8; self.page_bytes];
+        // Only partial pages need it: most requests don't pay for a page of zeros.
+        let mut page = Vec::new();
         // Data phase.
         match r.command {
             p::CMD_READ => {
@@ -373,6 +375,7 @@ impl Device {
                             .read_batch(&lpns, &mut out[at..])
                             .map_err(store_errno)?;
                     } else if !batched || lpn < whole_first || lpn >= whole_end {
+                        page.resize(self.page_bytes, 0);
                         self.store.read(lpn, &mut page).map_err(store_errno)?;
                         let (a, b) = covered(lpn, ps, offset, length);
                         out.extend_from_slice(&page[a..b]);
@@ -401,6 +404,7 @@ impl Device {
                         }
                     } else {
                         let _rmw = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+                        page.resize(self.page_bytes, 0);
                         self.store.read(lpn, &mut page).map_err(store_errno)?;
                         if zeroes {
                             page[a..b].fill(0);
@@ -611,16 +615,23 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
     // completion is due, from a writer thread, so requests in flight overlap as on a device.
     if device.options.latency == Latency::None {
         let w = Mutex::new(w);
-        transmission(device, structured, &mut r, |reply, _| {
+        transmission(device, structured, &mut r, |reply, _, in_flight| {
             let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
             send(&mut *w, &reply)?;
-            w.flush().map_err(|e| e.to_string())
+            // The last request in flight flushes for all: a reply queued behind one still
+            // executing leaves with that one's (a send wakes the client: one per burst, not
+            // per reply). Counted under the writer's lock, so no reply is left unflushed.
+            if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+                w.flush().map_err(|e| e.to_string())?;
+            }
+            Ok(())
         })
     } else {
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
             let writer = scope.spawn(move || deliver_when_due(rx, w));
-            let result = transmission(device, structured, &mut r, |reply, hold| {
+            let result = transmission(device, structured, &mut r, |reply, hold, in_flight| {
+                in_flight.fetch_sub(1, Ordering::AcqRel);
                 tx.send((Instant::now() + hold, reply))
                     .map_err(|_| "reply writer stopped".to_string())
             });
@@ -633,92 +644,114 @@ pub fn serve_connection<R: Read + Send, W: Write + Send>(
     }
 }
 
-/// Workers per connection executing requests: enough to keep both cores compressing while the
-/// connection's thread reads the next request.
+/// Threads per connection, each reading and executing requests in turn: enough to keep both
+/// cores busy.
 const WORKERS_PER_CONNECTION: usize = 2;
 
-/// Reads requests until DISC or end of stream and executes them on a few worker threads, several
-/// in flight at once (NBD replies carry the request's cookie, so they may leave in any order);
-/// hands each reply to `deliver` with how long to hold it. Returns once every request read has
-/// been answered.
+/// Reads requests until DISC or end of stream and executes them, several in flight at once
+/// (NBD replies carry the request's cookie, so they may leave in any order); hands each reply to
+/// `deliver` with how long to hold it and the count of requests read and not yet delivered,
+/// which `deliver` decrements. Returns once every request read has been answered.
+///
+/// Leader/follower, as nbdkit's threads: each worker takes the reader, reads one request and its
+/// payload, lets go, executes it and delivers the reply. A dedicated reader thread handing
+/// requests to workers over a channel cost a thread wake-up per request, which for 4 KiB
+/// requests was a fifth of the server's time.
 fn transmission<R: Read + Send>(
     device: &Device,
     structured: bool,
     r: &mut BufReader<R>,
-    deliver: impl Fn(Vec<u8>, Duration) -> Result<(), String> + Sync,
+    deliver: impl Fn(Vec<u8>, Duration, &AtomicUsize) -> Result<(), String> + Sync,
 ) -> Result<(), String> {
+    let reader = Mutex::new((r, false));
+    let in_flight = AtomicUsize::new(0);
     let failed: Mutex<Option<String>> = Mutex::new(None);
-    let (tx, rx) = std::sync::mpsc::channel::<(p::Request, Vec<u8>)>();
-    let rx = Mutex::new(rx);
-    // Payload buffers go back to the reader for the next request: a fresh megabyte buffer
-    // per request would come from mmap and cost the kernel a page clear per 4 KiB.
-    let spare: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
-    let read_result = std::thread::scope(|scope| {
+    let fail = |e: String| {
+        failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(e);
+    };
+    std::thread::scope(|scope| {
         for _ in 0..WORKERS_PER_CONNECTION {
             scope.spawn(|| {
-                let mut out = Vec::new();
+                let (mut payload, mut out) = (Vec::new(), Vec::new());
                 loop {
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok((request, payload)) = job else { return };
-                    let reply = answer(device, structured, &request, &payload, &mut out);
-                    spare
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(payload);
-                    if let Err(e) = deliver(reply.0, reply.1) {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    let request = {
+                        let mut guard = reader.lock().unwrap_or_else(|p| p.into_inner());
+                        let (r, done) = &mut *guard;
+                        if *done {
+                            return;
+                        }
+                        match read_request(r, &mut payload) {
+                            Ok(Some(request)) => {
+                                in_flight.fetch_add(1, Ordering::AcqRel);
+                                request
+                            }
+                            Ok(None) => {
+                                *done = true;
+                                return;
+                            }
+                            Err(e) => {
+                                *done = true;
+                                fail(e);
+                                return;
+                            }
+                        }
+                    };
+                    let length = match request.command {
+                        p::CMD_WRITE => request.length as usize,
+                        _ => 0,
+                    };
+                    let reply = answer(device, structured, &request, &payload[..length], &mut out);
+                    if let Err(e) = deliver(reply.0, reply.1, &in_flight) {
+                        reader.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+                        fail(e);
+                        return;
                     }
                 }
             });
         }
-        let result = read_requests(r, &failed, &spare, &tx);
-        drop(tx);
-        result
     });
-    let delivery = failed.into_inner().unwrap_or_else(|p| p.into_inner());
-    read_result.and(delivery.map_or(Ok(()), Err))
+    failed
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .map_or(Ok(()), Err)
 }
 
-fn read_requests<R: Read>(
+/// The next request, its payload (of a write) at the front of `payload`; None at DISC or end
+/// of stream.
+fn read_request<R: Read>(
     r: &mut BufReader<R>,
-    failed: &Mutex<Option<String>>,
-    spare: &Mutex<Vec<Vec<u8>>>,
-    tx: &std::sync::mpsc::Sender<(p::Request, Vec<u8>)>,
-) -> Result<(), String> {
-    loop {
-        if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-            return Ok(());
-        }
-        let mut h = [0u8; 28];
-        match r.read_exact(&mut h) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(format!("reading request: {e}")),
-        }
-        let request = p::parse_request(&h)?;
-        if request.command == p::CMD_DISC {
-            return Ok(());
-        }
-        let mut payload = spare
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_default();
-        payload.clear();
-        if request.command == p::CMD_WRITE {
-            if request.length > p::MAX_REQUEST_BYTES {
-                return Err(format!(
-                    "write of {} bytes (at most {}): cannot stay in sync",
-                    request.length,
-                    p::MAX_REQUEST_BYTES
-                ));
-            }
-            payload.resize(request.length as usize, 0);
-            read_exact(r, &mut payload, "write payload")?;
-        }
-        tx.send((request, payload))
-            .map_err(|_| "request workers stopped".to_string())?;
+    payload: &mut Vec<u8>,
+) -> Result<Option<p::Request>, String> {
+    let mut h = [0u8; 28];
+    match r.read_exact(&mut h) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(format!("reading request: {e}")),
     }
+    let request = p::parse_request(&h)?;
+    if request.command == p::CMD_DISC {
+        return Ok(None);
+    }
+    if request.command == p::CMD_WRITE {
+        if request.length > p::MAX_REQUEST_BYTES {
+            return Err(format!(
+                "write of {} bytes (at most {}): cannot stay in sync",
+                request.length,
+                p::MAX_REQUEST_BYTES
+            ));
+        }
+        // The buffer is reused request after request (and never cleared): a fresh megabyte
+        // per request would come from mmap and cost the kernel a page clear per 4 KiB.
+        let length = request.length as usize;
+        if payload.len() < length {
+            payload.resize(length, 0);
+        }
+        read_exact(r, &mut payload[..length], "write payload")?;
+    }
+    Ok(Some(request))
 }
 
 /// Executes one request: the reply bytes and how long to hold them. With structured replies

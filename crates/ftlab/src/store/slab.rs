@@ -2,8 +2,8 @@
 //!
 //! Objects are rounded up to a class (every `page_size / 128` bytes; zsmalloc's
 //! `ZS_SIZE_CLASS_DELTA` is `page_size / 256`), and each class carves slabs of 1 to 4 pages (the fewest that waste
-//! under 2 %, as zsmalloc sizes its zspages) into equal slots. An emptied slab is returned to the
-//! system at once; `compact` moves objects out of sparse slabs into fuller ones of the same class
+//! under 2 %, as zsmalloc sizes its zspages) into equal slots. An emptied slab's memory goes back
+//! to the system, except the last few, kept for the next new slab (`SPARE_SLABS`); `compact` moves objects out of sparse slabs into fuller ones of the same class
 //! and frees the emptied slabs. `bytes()` is the memory the slabs hold: zram's `mem_used_total`.
 //!
 //! Written by hand: no crate offers a zsmalloc-style pool whose objects can be moved by their
@@ -23,6 +23,11 @@ pub struct Handle {
 const FREE: u64 = 1 << 63;
 const NO_FREE: u16 = u16::MAX;
 const MAX_OBJECT_BYTES: usize = 16384;
+/// Emptied slabs' memory kept for reuse. zsmalloc frees a zspage to the kernel at once, which
+/// costs it nothing; a user-space allocator that does the same makes malloc shrink and regrow
+/// its heap, and the kernel clears every page it hands back: under a sequential overwrite of
+/// incompressible pages (one slab each) that clearing was a third of the server's CPU time.
+const SPARE_SLABS: usize = 4;
 
 /// 40 bytes of bookkeeping per slab: with large objects a slab often holds one page.
 #[derive(Debug)]
@@ -41,9 +46,9 @@ struct Slab {
 }
 
 impl Slab {
-    fn new(slab_bytes: usize, objects: u16) -> Self {
+    fn new(memory: Box<[MaybeUninit<u8>]>, objects: u16) -> Self {
         Slab {
-            memory: Some(Box::new_uninit_slice(slab_bytes)),
+            memory: Some(memory),
             owner: (0..objects)
                 .map(|i| FREE | u64::from(if i + 1 == objects { NO_FREE } else { i + 1 }))
                 .collect(),
@@ -72,10 +77,10 @@ impl Slab {
         self.live -= 1;
     }
 
-    fn release(&mut self) {
-        self.memory = None;
+    fn release(&mut self) -> Box<[MaybeUninit<u8>]> {
         self.owner = Box::new([]);
         self.free_head = NO_FREE;
+        self.memory.take().expect("a live slab")
     }
 }
 
@@ -110,7 +115,13 @@ pub struct SlabAllocator {
     page_bytes: usize,
     class_delta: usize,
     classes: Vec<Class>,
+    /// Slab memory held, spare slabs included (zram's `mem_used_total`).
     bytes: usize,
+    /// Memory of emptied slabs, for the next new slab of the same size; dropped when no slab
+    /// is live (an emptied store holds nothing) and by `compact`.
+    spare: Vec<Box<[MaybeUninit<u8>]>>,
+    /// Slabs holding objects, over all classes.
+    live_slabs: usize,
     /// Slab bytes freed by compaction, in pages (zram's `pages_compacted`).
     pages_compacted: u64,
 }
@@ -148,11 +159,13 @@ impl SlabAllocator {
             class_delta,
             classes,
             bytes: 0,
+            spare: Vec::new(),
+            live_slabs: 0,
             pages_compacted: 0,
         }
     }
 
-    /// Memory held by slabs.
+    /// Memory held by slabs (live and spare).
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -187,9 +200,17 @@ impl SlabAllocator {
                     class.partial.pop();
                 }
                 None => {
-                    let slab = Slab::new(class.slab_bytes as usize, class.objects_per_slab);
-                    self.bytes += class.slab_bytes as usize;
+                    let slab_bytes = class.slab_bytes as usize;
+                    let memory = match self.spare.iter().position(|m| m.len() == slab_bytes) {
+                        Some(i) => self.spare.swap_remove(i),
+                        None => {
+                            self.bytes += slab_bytes;
+                            Box::new_uninit_slice(slab_bytes)
+                        }
+                    };
+                    let slab = Slab::new(memory, class.objects_per_slab);
                     class.live_slabs += 1;
+                    self.live_slabs += 1;
                     let s = match class.released.pop() {
                         Some(s) => {
                             class.slabs[s as usize] = slab;
@@ -268,11 +289,21 @@ impl SlabAllocator {
         );
         slab.give_back(h.object);
         if slab.live == 0 {
-            // Return the memory now; the slab id is reused by the next new slab.
-            slab.release();
-            self.bytes -= class.slab_bytes as usize;
+            // The slab id is reused by the next new slab of the class, the memory by the next
+            // new slab of its size (or returned now).
+            let memory = slab.release();
             class.released.push(h.slab);
             class.release_one();
+            self.live_slabs -= 1;
+            if self.live_slabs > 0 && self.spare.len() < SPARE_SLABS {
+                self.spare.push(memory);
+            } else {
+                self.bytes -= memory.len();
+                drop(memory);
+                if self.live_slabs == 0 {
+                    self.release_spare();
+                }
+            }
         } else if !slab.in_partial {
             slab.in_partial = true;
             class.partial.push(h.slab);
@@ -284,6 +315,7 @@ impl SlabAllocator {
     /// released.
     pub fn compact(&mut self, mut moved: impl FnMut(u64, Handle)) -> usize {
         let before = self.bytes;
+        self.release_spare();
         for class_index in 0..self.classes.len() {
             let class = &mut self.classes[class_index];
             let mut candidates: Vec<u32> = (0..class.slabs.len() as u32)
@@ -330,10 +362,11 @@ impl SlabAllocator {
                     },
                 );
                 if class.slabs[src].live == 0 {
-                    class.slabs[src].release();
+                    drop(class.slabs[src].release());
                     self.bytes -= class.slab_bytes as usize;
                     class.released.push(src as u32);
                     class.live_slabs -= 1;
+                    self.live_slabs -= 1;
                     src_i -= 1;
                 }
             }
@@ -349,6 +382,12 @@ impl SlabAllocator {
         let released = before - self.bytes;
         self.pages_compacted += (released / self.page_bytes) as u64;
         released
+    }
+
+    /// Returns the spare slabs' memory to the system.
+    fn release_spare(&mut self) {
+        self.bytes -= self.spare.iter().map(|m| m.len()).sum::<usize>();
+        self.spare = Vec::new();
     }
 
     /// Bytes that part-filled slabs may hold without being fragmentation: half a slab for each
@@ -376,11 +415,14 @@ impl SlabAllocator {
 
     /// Checks the counts; for tests.
     pub fn check(&self) {
-        let mut bytes = 0;
+        let mut bytes = self.spare.iter().map(|m| m.len()).sum::<usize>();
+        assert!(self.spare.len() <= SPARE_SLABS);
+        let mut live_slabs = 0;
         for class in &self.classes {
             for slab in &class.slabs {
                 if let Some(m) = &slab.memory {
                     bytes += m.len();
+                    live_slabs += 1;
                     let live = slab.owner.iter().filter(|&&o| o & FREE == 0).count();
                     assert_eq!(live, slab.live as usize);
                     let mut free = 0;
@@ -399,6 +441,7 @@ impl SlabAllocator {
             }
         }
         assert_eq!(bytes, self.bytes);
+        assert_eq!(live_slabs, self.live_slabs);
     }
 }
 
@@ -450,5 +493,40 @@ mod tests {
         for (owner, h) in kept {
             assert_eq!(a.slot(h, 8), owner.to_le_bytes());
         }
+    }
+
+    #[test]
+    fn emptied_slabs_are_reused_then_returned() {
+        let mut a = SlabAllocator::new(4096);
+        // Raw pages: one slab each. Overwriting (new slot, then the old one freed) reuses the
+        // freed slab's memory; no more than SPARE_SLABS stay spare.
+        let mut handles: Vec<Handle> = (0..16).map(|i| a.alloc(4096, i)).collect();
+        let full = a.bytes();
+        for round in 0..3 {
+            for (i, h) in handles.iter_mut().enumerate() {
+                let new = a.alloc(4096, i as u64);
+                a.free(std::mem::replace(h, new));
+                assert!(a.bytes() <= full + 4096, "round {round}: {}", a.bytes());
+            }
+        }
+        a.check();
+        for h in handles.drain(8..) {
+            a.free(h);
+        }
+        a.check();
+        assert_eq!(a.bytes(), (8 + SPARE_SLABS) * 4096);
+        assert_eq!(
+            a.compact(|_, _| unreachable!("nothing to move")),
+            SPARE_SLABS * 4096
+        );
+        assert_eq!(a.bytes(), 8 * 4096);
+        let h = a.alloc(4096, 99);
+        a.free(h);
+        a.check();
+        for h in handles {
+            a.free(h);
+        }
+        a.check();
+        assert_eq!(a.bytes(), 0, "an emptied allocator holds nothing");
     }
 }
