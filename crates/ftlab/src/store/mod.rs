@@ -11,12 +11,13 @@
 //! page carries an xxh3 checksum of its stored bytes, seeded with its LPN, verified on read.
 
 pub mod codec;
+mod page_table;
 pub mod same_fill;
 pub mod slab;
 
 use codec::{Codec, Dictionary, Encoding};
+use page_table::PageTable;
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 use slab::{Handle, SlabAllocator};
 use std::cell::RefCell;
@@ -148,9 +149,7 @@ impl Body {
 }
 
 struct Shard {
-    /// FxHash: LPN keys are not attacker-chosen hash-flooding material, and SipHash would cost
-    /// a noticeable share of a page read.
-    entries: FxHashMap<u64, Body>,
+    entries: PageTable<Body>,
     slabs: SlabAllocator,
     compr_bytes: u64,
     same_pages: u64,
@@ -180,7 +179,7 @@ impl Shard {
     fn compact(&mut self) -> usize {
         let Shard { entries, slabs, .. } = self;
         slabs.compact(|lpn, handle| {
-            if let Some(body) = entries.get_mut(&lpn) {
+            if let Some(body) = entries.get_mut(lpn) {
                 body.slab = handle.slab;
                 body.object = handle.object;
             }
@@ -188,11 +187,7 @@ impl Shard {
     }
 
     fn remove(&mut self, lpn: u64) {
-        // A table emptied by trims gives its memory back (amortised: only when a quarter full).
-        if self.entries.capacity() > 1024 && self.entries.len() * 4 < self.entries.capacity() {
-            self.entries.shrink_to(self.entries.len() * 2);
-        }
-        let Some(body) = self.entries.remove(&lpn) else {
+        let Some(body) = self.entries.remove(lpn) else {
             return;
         };
         match body.kind {
@@ -318,9 +313,9 @@ impl PageStore {
             ));
         }
         let shards = (0..config.shards)
-            .map(|_| {
+            .map(|shard| {
                 Mutex::new(Shard {
-                    entries: FxHashMap::default(),
+                    entries: PageTable::new(config.shards.trailing_zeros(), shard as u64),
                     slabs: SlabAllocator::new(config.page_bytes),
                     compr_bytes: 0,
                     same_pages: 0,
@@ -524,7 +519,7 @@ impl PageStore {
             });
         }
         let shard = self.shard(lpn);
-        let Some(body) = shard.entries.get(&lpn) else {
+        let Some(body) = shard.entries.get(lpn) else {
             out.fill(0);
             return Ok(());
         };
@@ -589,20 +584,14 @@ impl PageStore {
         s
     }
 
-    /// Heap bytes of bookkeeping beside the slabs: the per-shard page tables (hashbrown: key,
-    /// value and one control byte per bucket) and the allocators' slab lists.
+    /// Heap bytes of bookkeeping beside the slabs: the per-shard page tables and the
+    /// allocators' slab lists.
     pub fn metadata_bytes(&self) -> u64 {
-        let bucket = std::mem::size_of::<(u64, Body)>() + 1;
         self.shards
             .iter()
             .map(|shard| {
                 let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-                let buckets = if shard.entries.capacity() == 0 {
-                    0
-                } else {
-                    (shard.entries.capacity() * 8 / 7).next_power_of_two()
-                };
-                (buckets * bucket + shard.slabs.bookkeeping_bytes()) as u64
+                (shard.entries.heap_bytes() + shard.slabs.bookkeeping_bytes()) as u64
             })
             .sum()
     }
@@ -629,7 +618,7 @@ impl PageStore {
                     .entries
                     .iter()
                     .filter(|(_, b)| b.kind != Kind::Same)
-                    .map(|(&lpn, _)| lpn),
+                    .map(|(lpn, _)| lpn),
             );
         }
         lpns.sort_unstable();
@@ -688,7 +677,7 @@ impl PageStore {
     #[doc(hidden)]
     pub fn corrupt_for_test(&self, lpn: u64) -> bool {
         let mut shard = self.shard(lpn);
-        let Some(body) = shard.entries.get(&lpn).copied() else {
+        let Some(body) = shard.entries.get(lpn).copied() else {
             return false;
         };
         if body.kind == Kind::Same {
