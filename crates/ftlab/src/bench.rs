@@ -21,8 +21,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
     /// serve: seconds each fio job runs.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 5)]
     seconds: u32,
+    /// serve: runs of each job per server, alternating between them; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
     /// store: corpus directories (comma-separated).
     #[arg(
         long,
@@ -164,7 +167,7 @@ fn replay(args: &BenchArgs) -> Result<()> {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "serve" {
-        return crate::bench_serve::run(machine(), args.seconds);
+        return crate::bench_serve::run(machine(), args.seconds, args.repeat);
     }
     if args.which == "store" {
         let dirs: Vec<&str> = args.dirs.iter().map(String::as_str).collect();

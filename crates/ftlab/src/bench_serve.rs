@@ -65,7 +65,13 @@ fn fio(uri: &str, rw: &str, bs: &str, iodepth: u32, size: u64, seconds: u32) -> 
     ))
 }
 
-pub fn run(machine: String, seconds: u32) -> Result<()> {
+/// The run with the median IOPS.
+fn median(runs: &mut [(f64, f64)]) -> (f64, f64) {
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs[runs.len() / 2]
+}
+
+pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("ftlab-bench-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let size: u64 = 1 << 30;
@@ -96,19 +102,36 @@ pub fn run(machine: String, seconds: u32) -> Result<()> {
     wait_for(&nbdkit_sock)?;
     let ftlab_uri = format!("nbd+unix:///ftlab?socket={}", ftlab_sock.display());
     let nbdkit_uri = format!("nbd+unix:///?socket={}", nbdkit_sock.display());
-    println!("ftlab bench serve on {machine}: fio --ioengine=nbd, {seconds} s a job, 1 GiB export");
-    println!("| job | ftlab serve (FTL on, --latency none) | nbdkit memory | ratio |");
-    println!("|---|---|---|---|");
+    println!(
+        "ftlab bench serve on {machine}: fio --ioengine=nbd, {seconds} s a job, 1 GiB export, {repeat} runs of each job per server alternating (medians; per-run ratio range)"
+    );
+    println!(
+        "| job | ftlab serve (FTL on, --latency none) | nbdkit memory | ratio | ratio range |"
+    );
+    println!("|---|---|---|---|---|");
     for (name, rw, bs, qd) in [
         ("4 KiB randwrite QD32", "randwrite", "4k", 32),
         ("4 KiB randread QD32", "randread", "4k", 32),
         ("1 MiB sequential write", "write", "1m", 8),
     ] {
-        let (fi, fb) = fio(&ftlab_uri, rw, bs, qd, size, seconds)?;
-        let (ni, nb) = fio(&nbdkit_uri, rw, bs, qd, size, seconds)?;
+        // This machine's speed drifts by 2x within minutes: alternating runs put both servers
+        // under the same drift, and each ratio compares neighbours in time.
+        let (mut ftlab, mut nbdkit, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..repeat.max(1) {
+            let f = fio(&ftlab_uri, rw, bs, qd, size, seconds)?;
+            let n = fio(&nbdkit_uri, rw, bs, qd, size, seconds)?;
+            ratios.push(f.0 / n.0.max(1.0));
+            ftlab.push(f);
+            nbdkit.push(n);
+        }
+        let (fi, fb) = median(&mut ftlab);
+        let (ni, nb) = median(&mut nbdkit);
+        ratios.sort_by(f64::total_cmp);
         println!(
-            "| {name} | {fi:.0} IOPS, {fb:.0} MB/s | {ni:.0} IOPS, {nb:.0} MB/s | {:.2} |",
-            fi / ni.max(1.0)
+            "| {name} | {fi:.0} IOPS, {fb:.0} MB/s | {ni:.0} IOPS, {nb:.0} MB/s | {:.2} | {:.2}-{:.2} |",
+            fi / ni.max(1.0),
+            ratios[0],
+            ratios[ratios.len() - 1]
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
