@@ -1,7 +1,7 @@
 //! `ftlab serve`: the emulated SSD as an NBD server. Every request goes through the FTL core (so
 //! WAF, GC and latency are accounted as in replay) and its bytes live in the compressed page
-//! store. Blocking I/O: a thread per connection reads requests, two workers per connection
-//! execute them (replies may leave out of order, as NBD allows).
+//! store. Blocking I/O: a thread per connection does the handshake, then two workers take turns
+//! reading a request and execute it (replies may leave out of order, as NBD allows).
 //!
 //! Owns: sockets, the NBD handshake and transmission phases, wall-clock to simulated-time
 //! mapping, latency emulation. Does not know: FTL internals (it calls `Ftl::submit`) or how the
