@@ -116,7 +116,9 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
     ]);
     let server = Server::start_with("fio", size, &extra);
     for rw in ["randwrite", "randrw"] {
+        // In the test's directory: fio leaves its verify state file where it runs.
         let out = run(Command::new("fio")
+            .current_dir(&dir)
             .args(["--name=verify", "--ioengine=nbd", "--bs=4k", "--iodepth=16"])
             .arg(format!("--uri={}", server.uri()))
             .arg(format!("--rw={rw}"))
