@@ -1,10 +1,11 @@
 //! A size-class slab allocator for compressed pages, in the manner of Linux's zsmalloc.
 //!
 //! Objects are rounded up to a class (every `page_size / 128` bytes; zsmalloc's
-//! `ZS_SIZE_CLASS_DELTA` is `page_size / 256`), and each class carves slabs of 1 to 4 pages (the fewest that waste
-//! under 2 %, as zsmalloc sizes its zspages) into equal slots. An emptied slab's memory goes back
-//! to the system, except the last few, kept for the next new slab (`SPARE_SLABS`); `compact` moves objects out of sparse slabs into fuller ones of the same class
-//! and frees the emptied slabs. `bytes()` is the memory the slabs hold: zram's `mem_used_total`.
+//! `ZS_SIZE_CLASS_DELTA` is `page_size / 256`), and each class carves slabs of 1 to 4 pages (the
+//! fewest that waste under 2 %, as zsmalloc sizes its zspages) into equal slots. An emptied slab's
+//! memory goes back to the system, except a few kept for the next new slab (`SPARE_SLABS`);
+//! `compact` moves objects out of sparse slabs into fuller ones of the same class and frees the
+//! emptied slabs. `bytes()` is the memory the slabs hold: zram's `mem_used_total`.
 //!
 //! Written by hand: no crate offers a zsmalloc-style pool whose objects can be moved by their
 //! owner during compaction.
@@ -390,14 +391,17 @@ impl SlabAllocator {
         self.spare = Vec::new();
     }
 
-    /// Bytes that part-filled slabs may hold without being fragmentation: half a slab for each
-    /// class in use.
+    /// Bytes that slabs may hold beyond their objects without being fragmentation: half a slab
+    /// for each class in use, and the spare slabs.
     pub fn tail_allowance(&self) -> usize {
-        self.classes
+        let spare: usize = self.spare.iter().map(|m| m.len()).sum();
+        let tails: usize = self
+            .classes
             .iter()
             .filter(|c| c.live_slabs > 0)
             .map(|c| c.slab_bytes as usize / 2)
-            .sum()
+            .sum();
+        spare + tails
     }
 
     /// Heap bytes of the allocator's own bookkeeping (not the slabs).
