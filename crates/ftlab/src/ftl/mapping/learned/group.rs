@@ -158,6 +158,42 @@ fn last_le(b: &[u8], at: usize, n: usize, key: u32) -> Option<usize> {
     super::super::runs::count_le(n, |i| rd16(b, at + 2 * i) <= key).checked_sub(1)
 }
 
+/// The run holding `off` among `n` runs whose starts are sorted u16s at `at` and whose lengths
+/// `len_of` gives: `Ok((index, start, len))`, or `Err` with the hole around `off` (both blob
+/// layouts keep their mapped offsets this way).
+#[inline]
+fn find_run(
+    b: &[u8],
+    at: usize,
+    n: usize,
+    off: u32,
+    len_of: impl Fn(usize) -> u32,
+) -> Result<(usize, u32, u32), Lookup> {
+    let start_of = |i: usize| {
+        if i < n {
+            rd16(b, at + 2 * i)
+        } else {
+            GROUP_LPNS as u32
+        }
+    };
+    let Some(i) = last_le(b, at, n, off) else {
+        return Err(Lookup {
+            ppn: None,
+            lo: 0,
+            hi: start_of(0),
+        });
+    };
+    let (start, len) = (start_of(i), len_of(i));
+    if off - start >= len {
+        return Err(Lookup {
+            ppn: None,
+            lo: start + len,
+            hi: start_of(i + 1),
+        });
+    }
+    Ok((i, start, len))
+}
+
 /// What a lookup learns: the PPN of the offset asked for, and the range `lo..hi` of offsets
 /// around it that continue it (consecutive PPNs, or all unmapped), so that a caller can answer
 /// neighbours without another search.
@@ -185,36 +221,20 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
         (0, GROUP_LPNS as u32, 0)
     } else {
         let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
-        let next_start = |i: usize| {
+        let rank = |i: usize| {
             if i < h.n_intervals {
-                rd16(b, HEADER_BYTES + 2 * i)
+                rd16(b, ranks_at + 2 * i)
             } else {
-                GROUP_LPNS as u32
+                h.live
             }
         };
-        let Some(i) = last_le(b, HEADER_BYTES, h.n_intervals, off) else {
-            return Lookup {
-                ppn: None,
-                lo: 0,
-                hi: next_start(0),
-            };
+        let (i, start, len) = match find_run(b, HEADER_BYTES, h.n_intervals, off, |i| {
+            rank(i + 1) - rank(i)
+        }) {
+            Ok(found) => found,
+            Err(hole) => return hole,
         };
-        let start = rd16(b, HEADER_BYTES + 2 * i);
-        let rank0 = rd16(b, ranks_at + 2 * i);
-        let next_rank = if i + 1 < h.n_intervals {
-            rd16(b, ranks_at + 2 * (i + 1))
-        } else {
-            h.live
-        };
-        let len = next_rank - rank0;
-        if off - start >= len {
-            return Lookup {
-                ppn: None,
-                lo: start + len,
-                hi: next_start(i + 1),
-            };
-        }
-        (start, len, rank0)
+        (start, len, rank(i))
     };
     let rank = rank0 + (off - start);
     let seg_at = HEADER_BYTES + 4 * h.n_intervals;
@@ -252,29 +272,10 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
 fn runs_lookup(b: &[u8], off: u32) -> Lookup {
     let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
     let (offs_at, lens_at, ppns_at) = (2, 2 + 2 * n, 2 + 4 * n);
-    let next_start = |i: usize| {
-        if i < n {
-            rd16(b, offs_at + 2 * i)
-        } else {
-            GROUP_LPNS as u32
-        }
+    let (i, start, len) = match find_run(b, offs_at, n, off, |i| rd16(b, lens_at + 2 * i)) {
+        Ok(found) => found,
+        Err(hole) => return hole,
     };
-    let Some(i) = last_le(b, offs_at, n, off) else {
-        return Lookup {
-            ppn: None,
-            lo: 0,
-            hi: next_start(0),
-        };
-    };
-    let start = rd16(b, offs_at + 2 * i);
-    let len = rd16(b, lens_at + 2 * i);
-    if off - start >= len {
-        return Lookup {
-            ppn: None,
-            lo: start + len,
-            hi: next_start(i + 1),
-        };
-    }
     let ppn = rd_bits(b, ppns_at + 4 * i, 0, 32) as u32;
     Lookup {
         ppn: Some(ppn + (off - start)),
