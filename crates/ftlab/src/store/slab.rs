@@ -30,7 +30,47 @@ const MAX_OBJECT_BYTES: usize = 16384;
 /// incompressible pages (one slab each) that clearing was a third of the server's CPU time.
 const SPARE_SLABS: usize = 4;
 
-/// 40 bytes of bookkeeping per slab: with large objects a slab often holds one page.
+/// The owner entry of each object of a slab. The first is kept inline: a slab of the large
+/// classes holds one object, and a separate allocation for its one entry cost a malloc, a free
+/// and a cache miss per incompressible page stored.
+#[derive(Debug)]
+struct Owners {
+    first: u64,
+    rest: Box<[u64]>,
+}
+
+impl Owners {
+    /// All slots free, each linking to the next.
+    fn new(objects: u16) -> Self {
+        let free = |i: u16| FREE | u64::from(if i + 1 == objects { NO_FREE } else { i + 1 });
+        Owners {
+            first: free(0),
+            rest: (1..objects).map(free).collect(),
+        }
+    }
+
+    #[inline]
+    fn get(&self, object: u16) -> u64 {
+        match object {
+            0 => self.first,
+            _ => self.rest[usize::from(object) - 1],
+        }
+    }
+
+    #[inline]
+    fn set(&mut self, object: u16, entry: u64) {
+        match object {
+            0 => self.first = entry,
+            _ => self.rest[usize::from(object) - 1] = entry,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        std::iter::once(self.first).chain(self.rest.iter().copied())
+    }
+}
+
+/// 48 bytes of bookkeeping per slab: with large objects a slab often holds one page.
 #[derive(Debug)]
 struct Slab {
     /// Uninitialised until written: a new slab is not zeroed (zeroing it cost a fifth of a
@@ -40,7 +80,7 @@ struct Slab {
     memory: Option<Box<[MaybeUninit<u8>]>>,
     /// The key (LPN) of each object, so compaction can tell the owner where its object moved;
     /// a free slot holds FREE | next free slot (a free list threaded through the array).
-    owner: Box<[u64]>,
+    owner: Owners,
     free_head: u16,
     live: u16,
     in_partial: bool,
@@ -50,9 +90,7 @@ impl Slab {
     fn new(memory: Box<[MaybeUninit<u8>]>, objects: u16) -> Self {
         Slab {
             memory: Some(memory),
-            owner: (0..objects)
-                .map(|i| FREE | u64::from(if i + 1 == objects { NO_FREE } else { i + 1 }))
-                .collect(),
+            owner: Owners::new(objects),
             free_head: 0,
             live: 0,
             in_partial: true,
@@ -66,20 +104,23 @@ impl Slab {
     fn take_free(&mut self, owner: u64) -> u16 {
         let object = self.free_head;
         debug_assert_ne!(object, NO_FREE);
-        self.free_head = (self.owner[object as usize] & 0xFFFF) as u16;
-        self.owner[object as usize] = owner;
+        self.free_head = (self.owner.get(object) & 0xFFFF) as u16;
+        self.owner.set(object, owner);
         self.live += 1;
         object
     }
 
     fn give_back(&mut self, object: u16) {
-        self.owner[object as usize] = FREE | u64::from(self.free_head);
+        self.owner.set(object, FREE | u64::from(self.free_head));
         self.free_head = object;
         self.live -= 1;
     }
 
     fn release(&mut self) -> Box<[MaybeUninit<u8>]> {
-        self.owner = Box::new([]);
+        self.owner = Owners {
+            first: FREE | u64::from(NO_FREE),
+            rest: Box::new([]),
+        };
         self.free_head = NO_FREE;
         self.memory.take().expect("a live slab")
     }
@@ -283,11 +324,7 @@ impl SlabAllocator {
     pub fn free(&mut self, h: Handle) {
         let class = &mut self.classes[h.class as usize];
         let slab = &mut class.slabs[h.slab as usize];
-        assert_eq!(
-            slab.owner[h.object as usize] & FREE,
-            0,
-            "double free of {h:?}"
-        );
+        assert_eq!(slab.owner.get(h.object) & FREE, 0, "double free of {h:?}");
         slab.give_back(h.object);
         if slab.live == 0 {
             // The slab id is reused by the next new slab of the class, the memory by the next
@@ -338,11 +375,11 @@ impl SlabAllocator {
                     dst_i += 1;
                     continue;
                 }
-                let Some(from) = class.slabs[src].owner.iter().position(|&o| o & FREE == 0) else {
+                let Some(from) = class.slabs[src].owner.iter().position(|o| o & FREE == 0) else {
                     src_i -= 1;
                     continue;
                 };
-                let owner = class.slabs[src].owner[from];
+                let owner = class.slabs[src].owner.get(from as u16);
                 let to = class.slabs[dst].take_free(owner);
                 let mut buf = [MaybeUninit::<u8>::uninit(); MAX_OBJECT_BYTES];
                 let bytes = &mut buf[..size];
@@ -411,7 +448,7 @@ impl SlabAllocator {
             b += c.slabs.capacity() * std::mem::size_of::<Slab>()
                 + (c.released.capacity() + c.partial.capacity()) * 4;
             for s in &c.slabs {
-                b += s.owner.len() * 8;
+                b += s.owner.rest.len() * 8;
             }
         }
         b
@@ -427,18 +464,18 @@ impl SlabAllocator {
                 if let Some(m) = &slab.memory {
                     bytes += m.len();
                     live_slabs += 1;
-                    let live = slab.owner.iter().filter(|&&o| o & FREE == 0).count();
+                    let live = slab.owner.iter().filter(|o| o & FREE == 0).count();
                     assert_eq!(live, slab.live as usize);
                     let mut free = 0;
                     let mut at = slab.free_head;
                     while at != NO_FREE {
                         assert_ne!(
-                            slab.owner[at as usize] & FREE,
+                            slab.owner.get(at) & FREE,
                             0,
                             "free list reaches a live slot"
                         );
                         free += 1;
-                        at = (slab.owner[at as usize] & 0xFFFF) as u16;
+                        at = (slab.owner.get(at) & 0xFFFF) as u16;
                     }
                     assert_eq!(live + free, class.objects_per_slab as usize);
                 }
