@@ -14,6 +14,7 @@ pub mod codec;
 mod page_table;
 pub mod same_fill;
 pub mod slab;
+mod stream_copy;
 
 use codec::{Codec, Dictionary, Encoding};
 use page_table::PageTable;

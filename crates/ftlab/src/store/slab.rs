@@ -299,10 +299,7 @@ impl SlabAllocator {
     /// Stores `bytes` at the start of the slot.
     pub fn write(&mut self, h: Handle, bytes: &[u8]) {
         let slot = &mut self.slot_memory_mut(h)[..bytes.len()];
-        // SAFETY: `slot` is exactly `bytes.len()` long; MaybeUninit<u8> has u8's layout.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.as_mut_ptr().cast(), bytes.len())
-        };
+        super::stream_copy::copy(slot, bytes);
     }
 
     /// The first `len` bytes of the slot, which `write` must have stored.
