@@ -25,7 +25,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -269,6 +268,13 @@ thread_local! {
     static RAW_STREAK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
+/// A stored page's checksum: xxh3-64 of its stored bytes, seeded with its LPN (so a page that
+/// ends up under the wrong LPN fails too).
+#[inline]
+fn checksum(stored: &[u8], lpn: u64) -> u64 {
+    twox_hash::XxHash3_64::oneshot_with_seed(lpn, stored)
+}
+
 /// After this many incompressible pages in a row, a thread first compresses a page's first
 /// `PROBE_BYTES` and stores the page raw if they do not shrink: a stream of random or
 /// already-compressed data then costs an eighth of the codec's work, while compressible data
@@ -470,7 +476,7 @@ impl PageStore {
                 None => (page, None),
             };
             Ok(insert(&Prepared::Stored {
-                checksum: xxh3_64_with_seed(bytes, lpn),
+                checksum: checksum(bytes, lpn),
                 bytes,
                 encoding,
             }))
@@ -541,7 +547,7 @@ impl PageStore {
             return Ok(());
         }
         let stored = shard.slabs.slot(body.handle(), usize::from(body.len));
-        if xxh3_64_with_seed(stored, lpn) != body.word_or_checksum {
+        if checksum(stored, lpn) != body.word_or_checksum {
             return Err(StoreError::Corrupt { lpn });
         }
         match body.encoding() {
