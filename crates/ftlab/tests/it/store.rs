@@ -267,6 +267,58 @@ fn kinds_of_pages_are_counted_as_zram_counts_them() {
 }
 
 #[test]
+fn overwritten_pages_are_counted_as_pages_written_once() {
+    // Overwrites of every kind onto every kind (an overwrite into the old slot's size class
+    // reuses the slot): the counts must equal a store that got only the final pages.
+    let kinds = [0u8, 1, 2, 3, 4];
+    let overwritten = PageStore::new(StoreConfig::new(4096, Codec::Lz4)).unwrap();
+    let once = PageStore::new(StoreConfig::new(4096, Codec::Lz4)).unwrap();
+    let mut lpn = 0;
+    for &first in &kinds {
+        for &then in &kinds {
+            // Same kind, other seed: raw onto raw and text onto text of about the same size.
+            overwritten.write(lpn, &page(first, lpn, 4096)).unwrap();
+            overwritten
+                .write(lpn, &page(then, lpn + 1000, 4096))
+                .unwrap();
+            once.write(lpn, &page(then, lpn + 1000, 4096)).unwrap();
+            lpn += 1;
+        }
+    }
+    let (a, b) = (overwritten.stats(), once.stats());
+    assert_eq!(
+        (
+            a.orig_data_size,
+            a.compr_data_size,
+            a.same_pages,
+            a.huge_pages,
+            a.pages_stored
+        ),
+        (
+            b.orig_data_size,
+            b.compr_data_size,
+            b.same_pages,
+            b.huge_pages,
+            b.pages_stored
+        )
+    );
+    let mut buf = vec![0u8; 4096];
+    for (i, (&first, &then)) in kinds
+        .iter()
+        .flat_map(|f| kinds.iter().map(move |t| (f, t)))
+        .enumerate()
+    {
+        overwritten.read(i as u64, &mut buf).unwrap();
+        assert_eq!(
+            buf,
+            page(then, i as u64 + 1000, 4096),
+            "{first} then {then}"
+        );
+    }
+    overwritten.check();
+}
+
+#[test]
 fn a_dictionary_helps_small_pages_of_similar_text() {
     let mut config = StoreConfig::new(4096, Codec::ZstdDict { level: 3 });
     config.dictionary_bytes = 64 << 10;
