@@ -10,7 +10,8 @@
 //! Written by hand: neither std nor a well-kept crate offers a non-temporal copy.
 
 /// Copies `src` into `dst` (same length), streaming when the destination is 16-byte aligned
-/// and the length a multiple of 64 bytes; otherwise an ordinary copy.
+/// and the length a multiple of 64 bytes (every raw page; a compressed one only by chance);
+/// otherwise an ordinary copy.
 #[inline]
 pub fn copy(dst: &mut [std::mem::MaybeUninit<u8>], src: &[u8]) {
     assert_eq!(dst.len(), src.len());
