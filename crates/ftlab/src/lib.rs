@@ -4,6 +4,7 @@ pub mod config;
 pub mod flash;
 pub mod ftl;
 pub mod geometry;
+pub mod heap;
 pub mod mapbench;
 pub mod report;
 pub mod request;

@@ -481,9 +481,8 @@ impl PageStore {
             let spacing = (streak / RAW_STREAK_PROBE)
                 .checked_ilog2()
                 .map_or(1, |log| (1 << log).min(MAX_PROBE_SPACING));
-            let untested = streak >= RAW_STREAK_PROBE && !streak.is_multiple_of(spacing);
-            let probe_says_raw = untested
-                || streak >= RAW_STREAK_PROBE && {
+            let probe_says_raw = streak >= RAW_STREAK_PROBE
+                && (!streak.is_multiple_of(spacing) || {
                     let (_, n) = codec::compress(
                         self.config.codec,
                         dictionary.as_ref(),
@@ -492,7 +491,7 @@ impl PageStore {
                     )
                     .map_err(|reason| StoreError::Codec { lpn, reason })?;
                     n >= PROBE_BYTES - PROBE_BYTES / 32
-                };
+                });
             let compressed = if probe_says_raw {
                 None
             } else {

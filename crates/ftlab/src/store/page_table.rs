@@ -114,16 +114,13 @@ impl<T: Copy> PageTable<T> {
             .flat_map(|c| c.slots.iter().filter_map(Option::as_ref))
     }
 
-    /// Heap bytes: the chunks and the directory (hashbrown: key, value and a control byte per
-    /// bucket, at most 7/8 full).
+    /// Heap bytes: the chunks and the directory.
     pub fn heap_bytes(&self) -> usize {
-        let buckets = if self.chunks.capacity() == 0 {
-            0
-        } else {
-            (self.chunks.capacity() * 8 / 7).next_power_of_two()
-        };
-        let bucket = std::mem::size_of::<(u64, Box<Chunk<T>>)>() + 1;
-        self.chunks.len() * std::mem::size_of::<Chunk<T>>() + buckets * bucket
+        self.chunks.len() * std::mem::size_of::<Chunk<T>>()
+            + crate::heap::hashbrown_bytes(
+                self.chunks.capacity(),
+                std::mem::size_of::<(u64, Box<Chunk<T>>)>(),
+            )
     }
 }
 

@@ -2,6 +2,7 @@
 //! with live mappings instead of with capacity, at about 9 bytes per bucket.
 
 use super::MappingTable;
+use crate::heap::hashbrown_bytes;
 use rustc_hash::FxHashMap;
 
 #[derive(Clone, Debug, Default)]
@@ -13,28 +14,6 @@ impl HashMapping {
     pub fn new() -> Self {
         Self::default()
     }
-}
-
-/// Bytes hashbrown allocates for a table of this `capacity()` with (u32, u32) entries: one entry
-/// and one control byte per bucket, plus a group of trailing control bytes. Derived from the
-/// layout (buckets = capacity * 8 / 7, a power of two); `ftlab mapbench` cross-checks it against
-/// the allocator's own statistics.
-pub fn hashbrown_bytes(capacity: usize, entry_bytes: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = if capacity < 8 {
-        if capacity < 4 {
-            4
-        } else {
-            8
-        }
-    } else {
-        (capacity * 8 / 7).next_power_of_two()
-    };
-    const GROUP_WIDTH: usize = 16;
-    let data = (buckets * entry_bytes).next_multiple_of(GROUP_WIDTH);
-    data + buckets + GROUP_WIDTH
 }
 
 impl MappingTable for HashMapping {

@@ -448,7 +448,7 @@ impl MappingTable for LearnedMapping {
 
     fn heap_bytes(&self) -> usize {
         self.compressed_bytes()
-            + super::hash::hashbrown_bytes(self.delta_of_group.capacity(), 8)
+            + crate::heap::hashbrown_bytes(self.delta_of_group.capacity(), 8)
             + self.deltas.capacity() * std::mem::size_of::<Delta>()
             + self
                 .deltas
