@@ -11,7 +11,7 @@ use std::time::Instant;
 pub struct BenchArgs {
     /// Which benchmarks: steady (4 and 64 GiB steady-state random writes), replay (DiskSim
     /// trace replay), all (both); store (the compressed page store) and serve (ftlab serve
-    /// against nbdkit memory, with fio) separately.
+    /// against nbdkit memory, with fio; nbdkit null beside them as the client's ceiling) separately.
     #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "store", "serve"])]
     which: String,
     /// store: write the headline figures as JSON here.

@@ -1,5 +1,8 @@
 //! `ftlab bench serve`: `ftlab serve` (FTL model on, `--latency none`) against `nbdkit memory`
-//! of the same size, both driven by fio's NBD engine in the same run.
+//! of the same size, both driven by fio's NBD engine in the same run. `nbdkit null` (a server
+//! that keeps nothing and reads zeros) runs beside them as the client's ceiling: no server can
+//! make fio go much faster than that one does, so a ratio above ceiling/nbdkit is out of reach
+//! on the machine, whatever the server does.
 
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -77,6 +80,7 @@ pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
     let size: u64 = 1 << 30;
     let ftlab_sock = dir.join("ftlab.sock");
     let nbdkit_sock = dir.join("nbdkit.sock");
+    let null_sock = dir.join("null.sock");
     let exe = std::env::current_exe()?;
     let _ftlab = Proc(
         Command::new(&exe)
@@ -98,17 +102,29 @@ pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
             .spawn()
             .context("starting nbdkit (apt-get install nbdkit)")?,
     );
+    let _null = Proc(
+        Command::new("nbdkit")
+            .args(["--foreground", "--unix"])
+            .arg(&null_sock)
+            .args(["null", &size.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting nbdkit null")?,
+    );
     wait_for(&ftlab_sock)?;
     wait_for(&nbdkit_sock)?;
+    wait_for(&null_sock)?;
     let ftlab_uri = format!("nbd+unix:///ftlab?socket={}", ftlab_sock.display());
     let nbdkit_uri = format!("nbd+unix:///?socket={}", nbdkit_sock.display());
+    let null_uri = format!("nbd+unix:///?socket={}", null_sock.display());
     println!(
         "ftlab bench serve on {machine}: fio --ioengine=nbd, {seconds} s a job, 1 GiB export, {repeat} runs of each job per server alternating (medians; per-run ratio range)"
     );
     println!(
-        "| job | ftlab serve (FTL on, --latency none) | nbdkit memory | ratio | ratio range |"
+        "| job | ftlab serve (FTL on, --latency none) | nbdkit memory | ratio | ratio range | nbdkit null (client ceiling) | ceiling / nbdkit memory |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (name, rw, bs, qd) in [
         ("4 KiB randwrite QD32", "randwrite", "4k", 32),
         ("4 KiB randread QD32", "randread", "4k", 32),
@@ -116,22 +132,26 @@ pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
     ] {
         // This machine's speed drifts by 2x within minutes: alternating runs put both servers
         // under the same drift, and each ratio compares neighbours in time.
-        let (mut ftlab, mut nbdkit, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ftlab, mut nbdkit, mut null) = (Vec::new(), Vec::new(), Vec::new());
+        let mut ratios = Vec::new();
         for _ in 0..repeat.max(1) {
             let f = fio(&ftlab_uri, rw, bs, qd, size, seconds)?;
             let n = fio(&nbdkit_uri, rw, bs, qd, size, seconds)?;
+            null.push(fio(&null_uri, rw, bs, qd, size, seconds)?);
             ratios.push(f.0 / n.0.max(1.0));
             ftlab.push(f);
             nbdkit.push(n);
         }
         let (fi, fb) = median(&mut ftlab);
         let (ni, nb) = median(&mut nbdkit);
+        let (ci, cb) = median(&mut null);
         ratios.sort_by(f64::total_cmp);
         println!(
-            "| {name} | {fi:.0} IOPS, {fb:.0} MB/s | {ni:.0} IOPS, {nb:.0} MB/s | {:.2} | {:.2}-{:.2} |",
+            "| {name} | {fi:.0} IOPS, {fb:.0} MB/s | {ni:.0} IOPS, {nb:.0} MB/s | {:.2} | {:.2}-{:.2} | {ci:.0} IOPS, {cb:.0} MB/s | {:.2} |",
             fi / ni.max(1.0),
             ratios[0],
-            ratios[ratios.len() - 1]
+            ratios[ratios.len() - 1],
+            ci / ni.max(1.0),
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
