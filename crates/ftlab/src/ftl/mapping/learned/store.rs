@@ -1,8 +1,12 @@
 //! Where the groups' blobs live: one arena of bytes (no allocation, allocator header or padding
 //! per blob; one tail pad for all) and a two-level directory from group number to arena
-//! position, whose per-chunk level stays a sorted list of the groups present until a dense array
-//! would be smaller. A sparsely written device (the MSR samples: a few hundred LPNs scattered
-//! over 16 GiB) then costs bytes per group present, not per group of the device.
+//! position. Each chunk of the directory takes the smallest of three forms as groups arrive: a
+//! sorted list of the groups present (a few groups), a bitmap with ranks over the present groups'
+//! positions (more), or a dense array (nearly all, or once it is cheap beside the blobs). A
+//! sparsely written device (the MSR samples: a few hundred LPNs scattered over 16 GiB) then costs
+//! bytes per group present, not per group of the device; where the directory is small beside
+//! the blobs, the faster forms are taken early (the bitmap and the array answer without a
+//! search).
 //!
 //! Replaced blobs become garbage in the arena, collected (by copying the live blobs) once it is
 //! half garbage: amortised O(1) bytes moved per byte written.
@@ -12,6 +16,9 @@ use super::group;
 const CHUNK_SHIFT: u32 = 10;
 const CHUNK_GROUPS: usize = 1 << CHUNK_SHIFT;
 const NONE: u32 = u32::MAX;
+const RANK_WORDS: usize = CHUNK_GROUPS / 64;
+/// A bitmap chunk's bytes besides its 4 per present group.
+const RANKED_FIXED_BYTES: usize = std::mem::size_of::<Ranked>();
 /// Blobs start at multiples of this, so that u32 positions address a 16 GiB arena.
 const ALIGN: usize = 4;
 /// Below this much garbage the arena is left alone (collection would cost more than it frees).
@@ -24,7 +31,57 @@ enum Dir {
         ids: Vec<u16>,
         slots: Vec<u32>,
     },
+    Ranked(Box<Ranked>),
     Dense(Box<[u32]>),
+}
+
+/// A bit per group of the chunk, set where the group has a blob; `before[w]` counts the bits
+/// set in the words before `w`, so a present group's blob position is at `slots[before[w] +
+/// (bits set below it in word w)]`.
+#[derive(Clone, Debug)]
+struct Ranked {
+    bits: [u64; RANK_WORDS],
+    before: [u16; RANK_WORDS],
+    slots: Vec<u32>,
+}
+
+impl Ranked {
+    /// (word, bit) of chunk position `k` and the index its slot has or would have.
+    #[inline]
+    fn index(&self, k: usize) -> (usize, u64, usize) {
+        let (w, bit) = (k / 64, 1u64 << (k % 64));
+        let below = (self.bits[w] & (bit - 1)).count_ones() as usize;
+        (w, bit, usize::from(self.before[w]) + below)
+    }
+
+    #[inline]
+    fn get(&self, k: usize) -> u32 {
+        let (w, bit, i) = self.index(k);
+        if self.bits[w] & bit == 0 {
+            NONE
+        } else {
+            self.slots[i]
+        }
+    }
+
+    fn put(&mut self, k: usize, slot: u32) {
+        let (w, bit, i) = self.index(k);
+        let present = self.bits[w] & bit != 0;
+        match (present, slot) {
+            (true, NONE) => {
+                self.slots.remove(i);
+                self.bits[w] &= !bit;
+                self.before[w + 1..].iter_mut().for_each(|b| *b -= 1);
+            }
+            (true, _) => self.slots[i] = slot,
+            (false, NONE) => {}
+            (false, _) => {
+                self.slots.insert(i, slot);
+                self.bits[w] |= bit;
+                self.before[w + 1..].iter_mut().for_each(|b| *b += 1);
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +118,7 @@ impl GroupStore {
         let k = g as usize & (CHUNK_GROUPS - 1);
         match &self.chunks[(g >> CHUNK_SHIFT) as usize] {
             Dir::Dense(slots) => slots[k],
+            Dir::Ranked(r) => r.get(k),
             Dir::Sparse { ids, slots } => {
                 let i = super::super::runs::count_le(ids.len(), |i| usize::from(ids[i]) <= k);
                 match i.checked_sub(1) {
@@ -121,8 +179,25 @@ impl GroupStore {
         // The last chunk covers only the groups the device has.
         let chunk_groups = CHUNK_GROUPS.min(self.groups - c * CHUNK_GROUPS);
         let chunk = &mut self.chunks[c];
+        // A chunk moves to a faster form (list -> bitmap -> array) once that is smaller, or
+        // once it costs under 1/32 of the blobs: then a lookup finds its group in a load or
+        // two instead of a search.
+        let faster_pays = |faster_bytes: usize, current_bytes: usize| {
+            faster_bytes < current_bytes || faster_bytes * 32 <= live_blob_bytes
+        };
+        let dense_bytes = chunk_groups * 4;
         match chunk {
             Dir::Dense(slots) => slots[k] = slot,
+            Dir::Ranked(r) => {
+                r.put(k, slot);
+                if faster_pays(dense_bytes, RANKED_FIXED_BYTES + 4 * r.slots.len()) {
+                    let mut dense = vec![NONE; chunk_groups].into_boxed_slice();
+                    for (k, d) in dense.iter_mut().enumerate() {
+                        *d = r.get(k);
+                    }
+                    *chunk = Dir::Dense(dense);
+                }
+            }
             Dir::Sparse { ids, slots } => {
                 match (ids.binary_search(&(k as u16)), slot) {
                     (Ok(i), NONE) => {
@@ -136,16 +211,26 @@ impl GroupStore {
                         slots.insert(i, slot);
                     }
                 }
-                // Dense once it is smaller (6 bytes per present group against 4 per group of
-                // the chunk), or once it costs under 1/32 of the blobs: a lookup then finds its
-                // group in one load instead of a search.
-                let dense_bytes = chunk_groups * 4;
-                if ids.len() * 6 > dense_bytes || dense_bytes * 32 <= live_blob_bytes {
+                let list_bytes = ids.len() * 6;
+                if faster_pays(dense_bytes, list_bytes) {
                     let mut dense = vec![NONE; chunk_groups].into_boxed_slice();
                     for (&id, &s) in ids.iter().zip(slots.iter()) {
                         dense[usize::from(id)] = s;
                     }
                     *chunk = Dir::Dense(dense);
+                } else if faster_pays(RANKED_FIXED_BYTES + 4 * ids.len(), list_bytes) {
+                    let mut r = Box::new(Ranked {
+                        bits: [0; RANK_WORDS],
+                        before: [0; RANK_WORDS],
+                        slots: std::mem::take(slots),
+                    });
+                    for &id in ids.iter() {
+                        r.bits[usize::from(id) / 64] |= 1 << (id % 64);
+                    }
+                    for w in 1..RANK_WORDS {
+                        r.before[w] = r.before[w - 1] + r.bits[w - 1].count_ones() as u16;
+                    }
+                    *chunk = Dir::Ranked(r);
                 }
             }
         }
@@ -168,6 +253,7 @@ impl GroupStore {
         for chunk in &mut self.chunks {
             match chunk {
                 Dir::Dense(slots) => slots.iter_mut().for_each(&mut move_blob),
+                Dir::Ranked(r) => r.slots.iter_mut().for_each(&mut move_blob),
                 Dir::Sparse { slots, .. } => slots.iter_mut().for_each(&mut move_blob),
             }
         }
@@ -183,9 +269,13 @@ impl GroupStore {
         }
         self.arena.shrink_to_fit();
         for chunk in &mut self.chunks {
-            if let Dir::Sparse { ids, slots } = chunk {
-                ids.shrink_to_fit();
-                slots.shrink_to_fit();
+            match chunk {
+                Dir::Sparse { ids, slots } => {
+                    ids.shrink_to_fit();
+                    slots.shrink_to_fit();
+                }
+                Dir::Ranked(r) => r.slots.shrink_to_fit(),
+                Dir::Dense(_) => {}
             }
         }
     }
@@ -198,8 +288,81 @@ impl GroupStore {
                 .iter()
                 .map(|c| match c {
                     Dir::Dense(slots) => slots.len() * 4,
+                    Dir::Ranked(r) => RANKED_FIXED_BYTES + r.slots.capacity() * 4,
                     Dir::Sparse { ids, slots } => ids.capacity() * 2 + slots.capacity() * 4,
                 })
                 .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+    use std::collections::HashMap;
+
+    /// A blob mapping `runs` runs of 3 offsets, the first at PPN `ppn`: lengths vary with `runs`.
+    fn blob(ppn: u32, runs: u32) -> Vec<u8> {
+        let mut rs = Vec::new();
+        for i in 0..runs {
+            group::push_run(&mut rs, i * 8, 3, ppn + i * 1000);
+        }
+        let mut scratch = group::Scratch::default();
+        group::encode_runs(&rs, &mut scratch)
+            .expect("non-empty")
+            .to_vec()
+    }
+
+    fn form(s: &GroupStore, g: u32) -> &'static str {
+        match &s.chunks[(g >> CHUNK_SHIFT) as usize] {
+            Dir::Sparse { .. } => "list",
+            Dir::Ranked(_) => "bitmap",
+            Dir::Dense(_) => "array",
+        }
+    }
+
+    /// Groups arrive, change and leave at random in chunks filled to different densities, so
+    /// each chunk passes through the list, bitmap and array forms (the test checks it does);
+    /// after every step each touched group's blob reads back as the oracle's.
+    #[test]
+    fn directory_forms_agree_with_an_oracle() {
+        let groups = 3 * CHUNK_GROUPS + 100; // the last chunk is partial
+        let mut s = GroupStore::new(groups);
+        let mut oracle: HashMap<u32, Vec<u8>> = HashMap::new();
+        let mut rng = SplitMix64::new(11);
+        let mut seen = std::collections::BTreeSet::new();
+        // Chunk c draws its groups from its first `reach[c]` positions.
+        let reach = [40, 600, CHUNK_GROUPS, 100];
+        for step in 0..20_000u32 {
+            let c = rng.bounded(4) as usize;
+            let g = (c * CHUNK_GROUPS) as u32 + rng.bounded(reach[c] as u64) as u32;
+            // Blobs grow over the run, so the arena outgrows each form's directory in turn.
+            let runs = 1 + step / 500 + rng.bounded(6) as u32;
+            let value = (rng.bounded(5) > 0).then(|| blob(step, runs));
+            s.set(g, value.as_deref());
+            match value {
+                Some(b) => oracle.insert(g, b),
+                None => oracle.remove(&g),
+            };
+            seen.insert((c, form(&s, g)));
+            for probe in [g, g ^ 1, g.saturating_sub(64)] {
+                if (probe as usize) < groups {
+                    let got = s.blob(probe).map(|b| &b[..group::encoded_len(b)]);
+                    assert_eq!(got, oracle.get(&probe).map(|b| &b[..]), "group {probe}");
+                }
+            }
+        }
+        for g in 0..groups as u32 {
+            let got = s.blob(g).map(|b| &b[..group::encoded_len(b)]);
+            assert_eq!(got, oracle.get(&g).map(|b| &b[..]), "group {g}");
+        }
+        // Every chunk starts as a list; the full ones pass through the bitmap to the array.
+        for c in 0..4 {
+            assert!(seen.contains(&(c, "list")), "chunk {c}: {seen:?}");
+        }
+        for c in 1..3 {
+            assert!(seen.contains(&(c, "bitmap")), "chunk {c}: {seen:?}");
+            assert!(seen.contains(&(c, "array")), "chunk {c}: {seen:?}");
+        }
     }
 }
