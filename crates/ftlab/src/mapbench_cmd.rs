@@ -37,7 +37,8 @@ pub struct MapbenchArgs {
     /// and report its memory; flat arrays of that size are only computed.
     #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
     tile_to: Option<u64>,
-    /// Throughput is the fastest of this many runs, each on a fresh table.
+    /// Throughput is the fastest of this many runs, each on a fresh table; latency quantiles
+    /// are the median over as many timed passes.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
     /// Write the results as JSON: one object per trace and PPN source (an array when several).

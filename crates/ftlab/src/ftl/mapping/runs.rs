@@ -40,6 +40,64 @@ pub fn count_le(n: usize, le: impl Fn(usize) -> bool) -> usize {
     base + usize::from(le(base))
 }
 
+/// As `count_le`, starting from `guess`, where the boundary probably is: steps of `first_step`,
+/// doubling, bracket it, and halving finishes. Where a guess is good (keys spread evenly), this
+/// touches a cache line or two near it instead of one per halving step, each waiting on the last.
+#[inline]
+pub fn count_le_from(
+    n: usize,
+    guess: usize,
+    first_step: usize,
+    le: impl Fn(usize) -> bool,
+) -> usize {
+    debug_assert!(guess < n && first_step > 0);
+    // Everything before `lo` satisfies `le`, nothing from `hi` on does.
+    let (mut lo, mut hi) = (0, n);
+    let mut step = first_step;
+    if le(guess) {
+        lo = guess + 1;
+        while lo + step <= n {
+            let probe = lo + step - 1;
+            if !le(probe) {
+                hi = probe;
+                break;
+            }
+            lo = probe + 1;
+            step *= 2;
+        }
+    } else {
+        hi = guess;
+        while hi >= step {
+            let probe = hi - step;
+            if le(probe) {
+                lo = probe + 1;
+                break;
+            }
+            hi = probe;
+            step *= 2;
+        }
+    }
+    lo + count_le(hi - lo, |i| le(lo + i))
+}
+
+/// As `upper`, for runs whose starts spread over `0..span` (a learned group's buffered runs):
+/// long lists are searched from the interpolated position.
+#[inline]
+pub fn upper_spread<R: Run>(runs: &[R], key: u32, span: u32) -> usize {
+    let n = runs.len();
+    if n <= SPREAD_SEARCH_ABOVE {
+        return upper(runs, key);
+    }
+    if runs[n - 1].start() <= key {
+        return n;
+    }
+    let guess = ((u64::from(key) * n as u64 / u64::from(span)) as usize).min(n - 1);
+    count_le_from(n, guess, 4, |i| runs[i].start() <= key)
+}
+
+/// Lists up to this long (four cache lines of 8-byte runs) are searched by halving.
+const SPREAD_SEARCH_ABOVE: usize = 32;
+
 /// How many runs start at or before `key`. Sequential updates append after the last run, so
 /// that case is checked before searching.
 #[inline]
@@ -142,6 +200,42 @@ mod tests {
         }
         fn make(start: u32, len: u32, value: u32) -> Self {
             R(start, len, value)
+        }
+    }
+
+    #[test]
+    fn searches_from_a_guess_agree_with_halving() {
+        let mut x = 3u64;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for n in [1usize, 2, 5, 33, 100, 700] {
+            // Ascending starts below 4096, spread or bunched.
+            let mut starts: Vec<u32> = (0..n)
+                .map(|i| {
+                    if i % 3 == 0 {
+                        next(64) as u32
+                    } else {
+                        next(4096) as u32
+                    }
+                })
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            let runs: Vec<R> = starts.iter().map(|&s| R(s, 1, s)).collect();
+            for key in 0..4100u32 {
+                let want = runs.iter().filter(|r| r.0 <= key).count();
+                assert_eq!(upper_spread(&runs, key, 4096), want, "n {n} key {key}");
+                for guess in [0, runs.len() / 2, runs.len() - 1] {
+                    for step in [1, 4, 16] {
+                        let got = count_le_from(runs.len(), guess, step, |i| runs[i].0 <= key);
+                        assert_eq!(got, want, "n {n} key {key} guess {guess} step {step}");
+                    }
+                }
+            }
         }
     }
 

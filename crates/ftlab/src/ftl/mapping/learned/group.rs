@@ -162,39 +162,13 @@ impl Header {
 #[inline]
 fn last_le(b: &[u8], at: usize, n: usize, key: u32, span: u32) -> Option<usize> {
     let value = |i: usize| rd16(b, at + 2 * i);
-    use super::super::runs::count_le;
+    use super::super::runs::{count_le, count_le_from};
     if n <= INTERPOLATE_ABOVE {
         return count_le(n, |i| value(i) <= key).checked_sub(1);
     }
     debug_assert!(span > 0 && value(n - 1) < span);
     let guess = ((u64::from(key) * n as u64 / u64::from(span)) as usize).min(n - 1);
-    // Everything before `lo` is <= key, everything from `hi` on is greater.
-    let (mut lo, mut hi) = (0, n);
-    let mut step = 16;
-    if value(guess) <= key {
-        lo = guess + 1;
-        while lo + step <= n {
-            let probe = lo + step - 1;
-            if value(probe) > key {
-                hi = probe;
-                break;
-            }
-            lo = probe + 1;
-            step *= 2;
-        }
-    } else {
-        hi = guess;
-        while hi >= step {
-            let probe = hi - step;
-            if value(probe) <= key {
-                lo = probe + 1;
-                break;
-            }
-            hi = probe;
-            step *= 2;
-        }
-    }
-    (lo + count_le(hi - lo, |i| value(lo + i) <= key)).checked_sub(1)
+    count_le_from(n, guess, 16, |i| value(i) <= key).checked_sub(1)
 }
 
 /// Arrays up to this long are searched by plain halving (they span a line or two).

@@ -221,7 +221,7 @@ impl LearnedMapping {
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
         if let Some(&d) = self.delta(g) {
             let runs = &self.deltas[d as usize].runs;
-            let i = runs::upper(runs, off);
+            let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
             if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
                 let end = r.start() + r.len();
                 if off < end {

@@ -1,12 +1,10 @@
 //! Where the groups' blobs live: one arena of bytes (no allocation, allocator header or padding
 //! per blob; one tail pad for all) and a two-level directory from group number to arena
-//! position. Each chunk of the directory takes the smallest of three forms as groups arrive: a
-//! sorted list of the groups present (a few groups), a bitmap with ranks over the present groups'
-//! positions (more), or a dense array (nearly all, or once it is cheap beside the blobs). A
+//! position. Each chunk of the directory starts as a sorted list of the groups present (searched
+//! on lookup), and becomes a bitmap with ranks (a bit test and a popcount), then a dense array
+//! (one load), each once it is smaller than the form before or costs under 1/32 of the blobs. A
 //! sparsely written device (the MSR samples: a few hundred LPNs scattered over 16 GiB) then costs
-//! bytes per group present, not per group of the device; where the directory is small beside
-//! the blobs, the faster forms are taken early (the bitmap and the array answer without a
-//! search).
+//! bytes per group present, not per group of the device.
 //!
 //! Replaced blobs become garbage in the arena, collected (by copying the live blobs) once it is
 //! half garbage: amortised O(1) bytes moved per byte written.
