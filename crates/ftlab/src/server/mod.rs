@@ -373,8 +373,9 @@ impl Device {
         // pool and back (two thread switches per request) costs more than it saves. Measured
         // with fio, 1 MiB sequential writes: at QD 32, ~680 us of server CPU per MiB through
         // the pool and ~580 without; at QD 1, 1.5-1.8 GB/s through the pool, 1.1-1.4 without.
-        // At QD 8 a request was often alone for a moment, and requiring `QUIET_REQUESTS` alone
-        // in a row took 2.5-2.85 GB/s to 2.85-3.03 (331-370 -> 308-335 us/MiB, 4 of 4 pairs).
+        // At QD 8 a request was often alone for a moment; requiring `QUIET_REQUESTS` alone in a
+        // row took 16 runs (8 each, in ABBA order) from a mean 2.82 to 2.96 GB/s, server CPU
+        // 320-392 -> 309-348 us/MiB; QD 1 stayed at 2.1-2.4 GB/s, QD 32 within its noise.
         let batched = alone && whole_end - whole_first >= BATCH_PAGES as u64;
         // Only partial pages need it: most requests don't pay for a page of zeros.
         let mut page = Vec::new();
