@@ -730,7 +730,8 @@ fn transmission<R: Incoming + Send>(
                                 } else {
                                     0
                                 };
-                                (request, alone_now && *quiet >= QUIET_REQUESTS)
+                                // A nonzero count already says this request is alone.
+                                (request, *quiet >= QUIET_REQUESTS)
                             }
                             Ok(None) => {
                                 *done = true;
