@@ -38,11 +38,9 @@ pub const DEFAULT_PRESET: &str = "femu";
 pub enum ConfigError {
     #[error("unknown preset `{0}` (known: femu, hexa, validation-uniform)")]
     UnknownPreset(String),
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
     #[error("{origin}: {message}")]
     Parse { origin: String, message: String },
     #[error("--set `{0}`: expected key=value, e.g. flash.channels=4")]
@@ -265,9 +263,9 @@ impl ConfigBuilder {
     }
 
     pub fn merge_file(&mut self, path: &Path) -> Result<(), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Io {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         let layer = parse_toml(&text, &path.display().to_string())?;
         merge(&mut self.table, layer);
@@ -338,6 +336,14 @@ fn key_at(text: &str, at: usize) -> String {
     let before = &text[..at.min(text.len())];
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let line = text[line_start..].lines().next().unwrap_or("");
+    // The error is about a table itself (an unknown section): its header names it.
+    if let Some(header) = line
+        .trim()
+        .strip_prefix('[')
+        .and_then(|l| l.strip_suffix(']'))
+    {
+        return header.trim_matches(|c| c == '[' || c == ']').to_string();
+    }
     let section = before[..line_start]
         .lines()
         .rev()

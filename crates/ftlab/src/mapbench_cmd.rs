@@ -99,8 +99,8 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
     let mut all = Vec::new();
     for path in &args.traces {
         for &source in sources {
-            let ops = mapbench::ops_from_trace(path, format, args.device_bytes, source)
-                .with_context(|| format!("reading {}", path.display()))?;
+            // Its errors name the trace (and the line) themselves.
+            let ops = mapbench::ops_from_trace(path, format, args.device_bytes, source)?;
             let result = mapbench::run(
                 &path.display().to_string(),
                 source,
@@ -129,8 +129,7 @@ fn run_tiled(args: &MapbenchArgs, format: Option<TraceFormat>, bytes: u64) -> Re
         "--tile-to takes one trace and log-head PPNs"
     );
     let path = &args.traces[0];
-    let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)?;
     let tiles = bytes / 4096 / ops.logical_pages;
     let mut view = crate::ProgressView::new(true);
     let result = mapbench::run_tiled(&ops, tiles, |done| {

@@ -21,10 +21,11 @@ pub enum SimError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Trace(#[from] TraceError),
-    #[error("{location}: {source} (pass --wrap to fold such addresses into the device)")]
-    OutOfRange { location: String, source: FtlError },
-    #[error("{location}: {source}")]
-    Request { location: String, source: FtlError },
+    // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
+    #[error("{location}: {cause} (pass --wrap to fold such addresses into the device)")]
+    OutOfRange { location: String, cause: FtlError },
+    #[error("{location}: {cause}")]
+    Request { location: String, cause: FtlError },
     #[error("workload: {0}")]
     Workload(String),
 }
@@ -317,11 +318,11 @@ fn submit<M: MappingTable>(
     ftl.submit(request, now_ns).map_err(|e| match e {
         FtlError::OutOfRange { .. } => SimError::OutOfRange {
             location: source.location(),
-            source: e,
+            cause: e,
         },
         other => SimError::Request {
             location: source.location(),
-            source: other,
+            cause: other,
         },
     })
 }

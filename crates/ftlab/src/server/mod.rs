@@ -250,11 +250,27 @@ impl Device {
         Ok(loaded)
     }
 
+    /// Fails unless `save_image(path)` will be able to create its file: checked at start, so a
+    /// mistyped directory is reported before clients write data that could not be saved.
+    pub fn check_image_writable(path: &std::path::Path) -> Result<(), String> {
+        let tmp = image_tmp_path(path);
+        let existed = tmp.exists();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&tmp)
+            .map_err(|e| format!("--image: cannot create {}: {e}", tmp.display()))?;
+        if !existed {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        Ok(())
+    }
+
     /// Writes every page to `path` as a raw image the size of the export (zero pages as holes).
     pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
         use std::io::{Seek, SeekFrom};
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let tmp = path.with_extension("tmp");
+        let tmp = image_tmp_path(path);
         let mut file =
             std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         file.set_len(self.size_bytes)
@@ -931,4 +947,12 @@ fn deliver_when_due<W: Write>(
             Err(RecvTimeoutError::Disconnected) => open = false,
         }
     }
+}
+
+/// Where `save_image` writes before renaming over `path`: `path` plus `.tmp`, so that it never
+/// touches another of the user's files (`disk.img` -> `disk.img.tmp`, not `disk.tmp`).
+fn image_tmp_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    name.into()
 }

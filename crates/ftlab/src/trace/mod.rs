@@ -77,11 +77,10 @@ impl FieldError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    // Not named `source`: thiserror would make it the error's cause as well, and `{:#}` would
+    // print it twice.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
     #[error("{path}:{line}: field `{field}`: {reason}")]
     BadLine {
         path: String,
@@ -155,9 +154,9 @@ pub fn guess_format(lines: &[&str]) -> Option<TraceFormat> {
 }
 
 fn open_maybe_gzip(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
-    let io = |source| TraceError::Io {
+    let io = |cause| TraceError::Io {
         path: path.display().to_string(),
-        source,
+        cause,
     };
     let mut file = File::open(path).map_err(io)?;
     let mut magic = [0u8; 2];
@@ -208,9 +207,9 @@ impl TraceReader {
                     buf.clear();
                     let n = head
                         .read_until(b'\n', &mut buf)
-                        .map_err(|source| TraceError::Io {
+                        .map_err(|cause| TraceError::Io {
                             path: path.display().to_string(),
-                            source,
+                            cause,
                         })?;
                     if n == 0 {
                         break;
@@ -275,9 +274,9 @@ impl TraceReader {
             let n = self
                 .reader
                 .read_until(b'\n', &mut self.buf)
-                .map_err(|source| TraceError::Io {
+                .map_err(|cause| TraceError::Io {
                     path: self.path.display().to_string(),
-                    source,
+                    cause,
                 })?;
             if n == 0 {
                 self.finished = true;

@@ -87,6 +87,16 @@ fn errors_name_what_is_wrong_and_nothing_panics() {
     assert!(ok, "{err}");
     let (ok, _, err) = ftlab(&["sim", "--trace", dir.join("missing.csv").to_str().unwrap()]);
     assert!(!ok && err.contains("missing.csv"), "{err}");
+    // The OS's reason is said once, not once more as the error's cause.
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    let (ok, _, err) = ftlab(&[
+        "sim",
+        "--config",
+        dir.join("missing.toml").to_str().unwrap(),
+    ]);
+    assert!(!ok && err.matches("os error 2").count() == 1, "{err}");
+    let (ok, _, err) = ftlab(&["mapbench", dir.join("missing.csv").to_str().unwrap()]);
+    assert!(!ok && err.matches("missing.csv").count() == 1, "{err}");
 }
 
 #[test]
@@ -142,4 +152,37 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
     assert!(!ok && stderr.contains("unknown table `flat`"), "{stderr}");
     let (ok, _, stderr) = ftlab(&["mapbench", "/nonexistent/trace.csv"]);
     assert!(!ok && stderr.contains("/nonexistent/trace.csv"), "{stderr}");
+}
+
+#[test]
+fn serve_refuses_an_image_it_could_not_save_before_taking_data() {
+    // Otherwise the mistake would surface only at shutdown, with the clients' data in hand.
+    let dir = temp_dir("cli-image");
+    let image = dir.join("no-such-dir").join("ssd.img");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["serve", "--no-tcp", "--unix"])
+        .arg(dir.join("sock"))
+        .arg("--image")
+        .arg(&image)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("serve kept running with an image path it cannot write");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        err.contains("ssd.img.tmp") && err.contains("--image"),
+        "{err}"
+    );
 }

@@ -28,6 +28,9 @@ fn impossible_configs_name_the_key_and_why() {
     assert!(err("femu", &["flash.chanels=4"]).contains("chanels"));
     assert!(err("femu", &["flash.channels=many"]).contains("channels"));
     assert!(err("femu", &["nonsense"]).contains("key=value"));
+    // An unknown section is named as itself, not as the section before it.
+    assert!(err("femu", &["flsh.channels=4"]).contains("config key `flsh`"));
+    assert!(err("femu", &["ftl.gc.x=1"]).contains("config key `ftl.gc`"));
     assert!(err("nope", &[]).contains("unknown preset"));
 }
 
