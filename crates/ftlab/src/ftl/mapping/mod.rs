@@ -9,6 +9,13 @@ pub trait MappingTable {
     fn get(&self, lpn: u32) -> Option<u32>;
     /// Maps `lpn` to `ppn`, returning the previous PPN.
     fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32>;
+    /// Maps `lpn`, which maps to `from` now, to `to` (a GC move: the FTL read the page at
+    /// `from`). Tables that search to find the previous PPN skip that search.
+    #[inline]
+    fn relocate(&mut self, lpn: u32, from: u32, to: u32) {
+        let old = self.set(lpn, to);
+        debug_assert_eq!(old, Some(from));
+    }
     /// Unmaps `lpn` (TRIM), returning the previous PPN.
     fn remove(&mut self, lpn: u32) -> Option<u32>;
     fn live_mappings(&self) -> u64;

@@ -4,9 +4,9 @@
 use super::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
 use std::collections::HashMap;
 
-/// Replays `ops` ((lpn, Some(ppn)) = set, (lpn, None) = remove) on `table`, comparing every
-/// returned previous value and the live count with the oracle, then reads back every LPN below
-/// `lpns`, before and after `compact()`. `after_op` may inspect the table after each op.
+/// Replays `ops` ((lpn, Some(ppn)) = set or, for some updates of a mapped LPN, relocate;
+/// (lpn, None) = remove) on `table`, comparing every returned previous value and the live count
+/// with the oracle, then reads back every LPN below `lpns`, before and after `compact()`. `after_op` may inspect the table after each op.
 /// Panics on the first difference.
 pub fn check_table<M: MappingTable>(
     table: &mut M,
@@ -17,7 +17,15 @@ pub fn check_table<M: MappingTable>(
     let mut oracle: HashMap<u32, u32> = HashMap::new();
     for &(lpn, value) in ops {
         let (old, expected) = match value {
-            Some(ppn) => (table.set(lpn, ppn), oracle.insert(lpn, ppn)),
+            // Half of the updates of a mapped LPN to a new PPN go as GC moves do, through
+            // `relocate`, which is told the current PPN instead of returning it.
+            Some(ppn) => match oracle.get(&lpn).copied() {
+                Some(from) if from != ppn && (lpn ^ ppn) & 1 == 1 => {
+                    table.relocate(lpn, from, ppn);
+                    (Some(from), oracle.insert(lpn, ppn))
+                }
+                _ => (table.set(lpn, ppn), oracle.insert(lpn, ppn)),
+            },
             None => (table.remove(lpn), oracle.remove(&lpn)),
         };
         assert_eq!(

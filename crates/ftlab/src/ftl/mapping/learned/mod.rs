@@ -433,6 +433,15 @@ impl MappingTable for LearnedMapping {
         old
     }
 
+    fn relocate(&mut self, lpn: u32, from: u32, to: u32) {
+        // The lookup `set` makes first is most of an update's cost, and a move knows its answer.
+        debug_assert_eq!(self.lookup(lpn).0, Some(from));
+        debug_assert_ne!(to, TOMBSTONE);
+        debug_assert_ne!(from, to);
+        self.write_delta(lpn, Some(to));
+        self.merge_while_over_bound();
+    }
+
     #[inline]
     fn remove(&mut self, lpn: u32) -> Option<u32> {
         // Trimming what is not mapped (most of a file system's discards) stays inline.
