@@ -157,6 +157,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tcp.is_some() || unix.is_some(),
         "no listener: give --unix or drop --no-tcp"
     );
+    if matches!(codec, Codec::ZstdDict { .. }) {
+        // Trainings take seconds: a thread of their own, so the listeners never wait. It is not
+        // joined at shutdown: a training changes nothing until it installs its dictionary.
+        let device = device.clone();
+        std::thread::spawn(move || {
+            let mut schedule = ftlab::server::dictionary::DictionarySchedule::default();
+            while !STOP.load(Ordering::SeqCst) {
+                if let Some(line) = device.train_dictionary_if_due(&mut schedule) {
+                    eprintln!("ftlab serve: {line}");
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+    }
     let mut last_stats = std::time::Instant::now();
     anyhow::ensure!(
         args.stats_interval.is_finite() && args.stats_interval > 0.0,
@@ -219,8 +233,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         f.waf()
     );
     println!(
-        "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} huge_pages {}",
-        s.orig_data_size, s.compr_data_size, s.mem_used_total, s.same_pages, s.huge_pages
+        "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} huge_pages {}{}",
+        s.orig_data_size,
+        s.compr_data_size,
+        s.mem_used_total,
+        s.same_pages,
+        s.huge_pages,
+        if s.dictionary_bytes > 0 {
+            format!(" dictionary_bytes {}", s.dictionary_bytes)
+        } else {
+            String::new()
+        }
     );
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);

@@ -7,6 +7,7 @@
 //! mapping, latency emulation. Does not know: FTL internals (it calls `Ftl::submit`) or how the
 //! store compresses.
 
+pub mod dictionary;
 pub mod incoming;
 pub mod model;
 pub mod protocol;
@@ -197,6 +198,30 @@ impl Device {
 
     pub fn store_stats(&self) -> StoreStats {
         self.store.stats()
+    }
+
+    /// With a `zstd-dict` store: (re)trains its dictionary when `schedule` says it is due (it
+    /// takes seconds; call from a thread of its own). Returns a line for the log when it tried.
+    pub fn train_dictionary_if_due(
+        &self,
+        schedule: &mut dictionary::DictionarySchedule,
+    ) -> Option<String> {
+        if !matches!(self.store.config().codec, Codec::ZstdDict { .. }) {
+            return None;
+        }
+        let s = self.store.stats();
+        let compressible = s.pages_stored - s.same_pages;
+        if !schedule.due(compressible) {
+            return None;
+        }
+        let started = Instant::now();
+        Some(match self.store.train_dictionary() {
+            Ok(bytes) => format!(
+                "trained a {bytes}-byte zstd dictionary from a sample of the {compressible} compressible pages stored, in {:.1} s; pages written from now on use it",
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => format!("dictionary training failed: {e}"),
+        })
     }
 
     /// Loads a raw image (as `save_image` writes it) into the store, and into the FTL model as

@@ -102,6 +102,9 @@ pub struct StoreStats {
     pub huge_pages: u64,
     pub pages_compacted: u64,
     pub pages_stored: u64,
+    /// Bytes of the zstd dictionaries held (the current one and any stored page still uses):
+    /// memory beside `mem_used_total` that `zstd-dict` costs.
+    pub dictionary_bytes: u64,
 }
 
 /// One stored page, packed into 24 bytes (key + value = 32 bytes a bucket).
@@ -634,6 +637,13 @@ impl PageStore {
         s.orig_data_size = s.pages_stored * self.config.page_bytes as u64;
         s.mem_limit = self.config.mem_limit_bytes.unwrap_or(0);
         s.mem_used_max = self.mem_used_max.load(Ordering::Relaxed);
+        s.dictionary_bytes = self
+            .dictionaries
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|d| d.bytes.len() as u64)
+            .sum();
         s
     }
 

@@ -22,6 +22,10 @@ fn device_with(latency: Latency) -> Arc<Device> {
 }
 
 fn device_with_limit(latency: Latency, mem_limit_bytes: Option<u64>) -> Arc<Device> {
+    device_with_codec(latency, mem_limit_bytes, Codec::Lz4)
+}
+
+fn device_with_codec(latency: Latency, mem_limit_bytes: Option<u64>, codec: Codec) -> Arc<Device> {
     let c = config(
         "femu",
         &[
@@ -36,7 +40,7 @@ fn device_with_limit(latency: Latency, mem_limit_bytes: Option<u64>) -> Arc<Devi
             DeviceOptions {
                 export_name: "ftlab".into(),
                 latency,
-                codec: Codec::Lz4,
+                codec,
                 record: None,
                 record_format: ftlab::server::RecordFormat::Nbdkit,
                 mem_limit_bytes,
@@ -614,4 +618,73 @@ fn the_server_models_the_configured_mapping_table() {
     assert!(stats["mapping"]["compressed_get_fraction"]
         .as_f64()
         .is_some());
+}
+
+#[test]
+fn a_zstd_dict_device_trains_its_dictionary_by_itself_once_enough_is_stored() {
+    use ftlab::server::dictionary::{DictionarySchedule, FIRST_TRAINING_PAGES};
+    let level = 3;
+    let device = device_with_codec(Latency::None, None, Codec::ZstdDict { level });
+    let (mut c, _h) = Client::open(&device);
+    // Log-like text: a shared vocabulary with varying fields, as a dictionary is meant for.
+    let mut rng = SplitMix64::new(7);
+    let mut text = String::new();
+    while text.len() < FIRST_TRAINING_PAGES as usize * 4096 {
+        let r = rng.next_u64();
+        text += &format!(
+            "2026-11-22T12:{:02}:{:02} {} conn={} peer=10.0.{}.{} bytes={} status={}\n",
+            r % 60,
+            (r >> 8) % 60,
+            [
+                "INFO accepted",
+                "WARN slow request",
+                "INFO closed",
+                "ERROR reset by peer"
+            ][(r >> 16) as usize % 4],
+            (r >> 20) % 100_000,
+            (r >> 40) % 256,
+            (r >> 48) % 256,
+            (r >> 24) % 1_000_000,
+            [200, 404, 500][(r >> 56) as usize % 3],
+        );
+    }
+    let data = &text.as_bytes()[..FIRST_TRAINING_PAGES as usize * 4096];
+    let mut schedule = DictionarySchedule::default();
+    let write = |c: &mut Client, bytes: &[u8], at: usize| {
+        for (i, chunk) in bytes.chunks(1 << 20).enumerate() {
+            let offset = (at + (i << 20)) as u64;
+            let len = chunk.len() as u32;
+            assert_eq!(c.request(p::CMD_WRITE, 0, offset, len, chunk).0, 0);
+        }
+    };
+    let write_all = |c: &mut Client| write(c, data, 0);
+    let last_page = data.len() - 4096;
+    write(&mut c, &data[..last_page], 0);
+    assert_eq!(
+        device.train_dictionary_if_due(&mut schedule),
+        None,
+        "one page short of the threshold"
+    );
+    write(&mut c, &data[last_page..], last_page);
+    let line = device.train_dictionary_if_due(&mut schedule).unwrap();
+    assert!(line.contains("trained"), "{line}");
+    assert_eq!(device.train_dictionary_if_due(&mut schedule), None);
+    let dictionary_bytes = device.store_stats().dictionary_bytes;
+    assert!(dictionary_bytes > 0 && dictionary_bytes <= 1 << 20);
+    let plain = device.store_stats().compr_data_size;
+    // The same bytes again, now with the dictionary: smaller, and read back exactly.
+    write_all(&mut c);
+    let with_dictionary = device.store_stats().compr_data_size;
+    assert!(
+        (with_dictionary as f64) < 0.9 * plain as f64,
+        "{with_dictionary} vs {plain}"
+    );
+    let (err, back) = c.request(p::CMD_READ, 0, 0, 1 << 20, &[]);
+    assert_eq!((err, &back[..]), (0, &data[..1 << 20]));
+    // Other codecs never train.
+    let lz4 = device_with(Latency::None);
+    assert_eq!(
+        lz4.train_dictionary_if_due(&mut DictionarySchedule::default()),
+        None
+    );
 }
