@@ -235,7 +235,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         f.waf()
     );
     println!(
-        "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} huge_pages {}{}",
+        "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} \
+         huge_pages {}{}",
         s.orig_data_size,
         s.compr_data_size,
         s.mem_used_total,

@@ -210,14 +210,15 @@ impl Device {
             return None;
         }
         let s = self.store.stats();
-        let compressible = s.pages_stored - s.same_pages;
+        let compressible = s.pages_stored.saturating_sub(s.same_pages);
         if !schedule.due(compressible) {
             return None;
         }
         let started = Instant::now();
         Some(match self.store.train_dictionary() {
             Ok(bytes) => format!(
-                "trained a {bytes}-byte zstd dictionary from a sample of the {compressible} compressible pages stored, in {:.1} s; pages written from now on use it",
+                "trained a {bytes}-byte zstd dictionary from a sample of the {compressible} \
+                 compressible pages stored, in {:.1} s; pages written from now on use it",
                 started.elapsed().as_secs_f64()
             ),
             Err(e) => format!("dictionary training failed: {e}"),

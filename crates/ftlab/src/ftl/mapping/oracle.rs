@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 /// Replays `ops` ((lpn, Some(ppn)) = set or, for some updates of a mapped LPN, relocate;
 /// (lpn, None) = remove) on `table`, comparing every returned previous value and the live count
-/// with the oracle, then reads back every LPN below `lpns`, before and after `compact()`. `after_op` may inspect the table after each op.
-/// Panics on the first difference.
+/// with the oracle, then reads back every LPN below `lpns`, before and after `compact()`.
+/// `after_op` may inspect the table after each op. Panics on the first difference.
 pub fn check_table<M: MappingTable>(
     table: &mut M,
     ops: &[(u32, Option<u32>)],
