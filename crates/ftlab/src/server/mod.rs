@@ -210,16 +210,16 @@ impl Device {
             return None;
         }
         let s = self.store.stats();
-        // Same-filled pages are kept as a word: neither sampled nor compressed.
-        let not_same = s.pages_stored.saturating_sub(s.same_pages);
-        if !schedule.due(not_same) {
+        // What training samples: neither same-filled (a word) nor raw (incompressible).
+        let compressed = s.pages_stored.saturating_sub(s.same_pages + s.huge_pages);
+        if !schedule.due(compressed) {
             return None;
         }
         let started = Instant::now();
         Some(match self.store.train_dictionary() {
             Ok(bytes) => format!(
-                "trained a {bytes}-byte zstd dictionary from a sample of the {not_same} stored \
-                 pages that are not same-filled, in {:.1} s; pages written from now on use it",
+                "trained a {bytes}-byte zstd dictionary from a sample of the {compressed} pages \
+                 stored compressed, in {:.1} s; pages written from now on use it",
                 started.elapsed().as_secs_f64()
             ),
             Err(e) => format!("dictionary training failed: {e}"),

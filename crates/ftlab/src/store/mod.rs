@@ -669,8 +669,9 @@ impl PageStore {
     }
 
     /// Trains a new zstd dictionary from a sample of the stored pages (spread evenly over the
-    /// LPNs, same-filled pages skipped); pages written from now on use it, pages stored earlier
-    /// keep theirs. Returns the dictionary's size in bytes.
+    /// LPNs; same-filled and raw pages skipped: a word or incompressible bytes teach it nothing
+    /// and would take room in the sample); pages written from now on use it, pages stored
+    /// earlier keep theirs. Returns the dictionary's size in bytes.
     pub fn train_dictionary(&self) -> Result<usize, StoreError> {
         let page = self.config.page_bytes;
         let mut lpns: Vec<u64> = Vec::new();
@@ -680,7 +681,7 @@ impl PageStore {
                 shard
                     .entries
                     .iter()
-                    .filter(|(_, b)| b.kind != Kind::Same)
+                    .filter(|(_, b)| !matches!(b.kind, Kind::Same | Kind::Raw))
                     .map(|(lpn, _)| lpn),
             );
         }
