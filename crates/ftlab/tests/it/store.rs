@@ -340,6 +340,33 @@ fn a_dictionary_helps_small_pages_of_similar_text() {
 }
 
 #[test]
+fn training_samples_only_pages_stored_compressed() {
+    // Same-filled and random (raw) pages teach a dictionary nothing: beside 200 of them, seven
+    // compressed pages are still too few to train on.
+    let store = PageStore::new(StoreConfig::new(4096, Codec::ZstdDict { level: 3 })).unwrap();
+    for i in 0..7u64 {
+        store.write(2000 + i, &page(2, i, 4096)).unwrap();
+    }
+    for i in 0..100u64 {
+        store.write(i, &page(3, i, 4096)).unwrap();
+        store.write(1000 + i, &page(1, i, 4096)).unwrap();
+    }
+    let s = store.stats();
+    assert_eq!(
+        (s.huge_pages, s.same_pages, s.pages_stored),
+        (100, 100, 207)
+    );
+    let err = store.train_dictionary().unwrap_err().to_string();
+    assert!(err.contains("7 compressible pages"), "{err}");
+    // After a run of random pages the store probes one page in up to 16 (stores the others
+    // raw untested), so write enough for some to be compressed again.
+    for i in 7..40u64 {
+        store.write(2000 + i, &page(2, i, 4096)).unwrap();
+    }
+    store.train_dictionary().unwrap();
+}
+
+#[test]
 fn after_a_run_of_random_pages_compressible_pages_are_compressed_within_sixteen() {
     // Deep in a run of incompressible pages a thread probes only one page in up to 16 and
     // stores the others raw untested (docs/store.md): the first compressible page after the run
