@@ -2,8 +2,9 @@
 //! (`PageStore::train_dictionary`); a live device must ask by itself, or `zstd-dict` would stay
 //! plain zstd forever. A training reads a sample of the stored pages and runs zstd's trainer on
 //! one core for a few seconds, so it is done on a schedule that keeps trainings few: first once
-//! `FIRST_TRAINING_PAGES` pages are stored compressed (neither same-filled nor raw), then whenever that count has doubled
-//! since the last training (one training per doubling of the device's content).
+//! `FIRST_TRAINING_PAGES` pages are stored compressed (neither same-filled nor raw: what the
+//! training samples), then whenever that count has doubled since the last training (one
+//! training per doubling of the device's content).
 //!
 //! Owns: the schedule. Does not know: how training works or what the server does meanwhile.
 
@@ -26,13 +27,13 @@ impl Default for DictionarySchedule {
 }
 
 impl DictionarySchedule {
-    /// Whether to train now, with `stored_pages` stored compressed. Once it
-    /// says yes, the next training is due at twice this count.
-    pub fn due(&mut self, stored_pages: u64) -> bool {
-        if stored_pages < self.next_at_pages {
+    /// Whether to train now, with `compressed_pages` stored compressed. Once it says yes, the
+    /// next training is due at twice this count.
+    pub fn due(&mut self, compressed_pages: u64) -> bool {
+        if compressed_pages < self.next_at_pages {
             return false;
         }
-        self.next_at_pages = stored_pages.saturating_mul(2);
+        self.next_at_pages = compressed_pages.saturating_mul(2);
         true
     }
 }
