@@ -434,7 +434,8 @@ impl MappingTable for LearnedMapping {
     }
 
     fn relocate(&mut self, lpn: u32, from: u32, to: u32) {
-        // The lookup `set` makes first is most of an update's cost, and a move knows its answer.
+        // A move knows the answer of the lookup `set` makes first (with GC moving most pages,
+        // those lookups took 40 % of a simulation's time with this table).
         debug_assert_eq!(self.lookup(lpn).0, Some(from));
         debug_assert_ne!(to, TOMBSTONE);
         debug_assert_ne!(from, to);
