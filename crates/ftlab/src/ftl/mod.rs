@@ -343,7 +343,7 @@ impl<M: MappingTable> Ftl<M> {
             self.stats.gc_background += 1;
         }
         self.stats.host_program_pages += 1;
-        self.program(lpn, stream, Cause::Host, ready_ns, None)
+        self.program(lpn, stream, ready_ns, None)
     }
 
     /// Greedy GC of one superblock with at least `min_invalid` invalid pages: its valid pages are
@@ -376,7 +376,7 @@ impl<M: MappingTable> Ftl<M> {
             let (ppn, lpn) = moves[i];
             debug_assert_eq!(self.map.get(lpn), Some(ppn));
             let read_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
-            let t = self.program(lpn, stream, Cause::Gc, read_ns, Some(ppn));
+            let t = self.program(lpn, stream, read_ns, Some(ppn));
             last_write_ns = last_write_ns.max(t.done_ns);
         }
         self.stats.gc_read_pages += moves.len() as u64;
@@ -394,16 +394,21 @@ impl<M: MappingTable> Ftl<M> {
     }
 
     /// Programs `lpn` at its stream's frontier and updates mapping, reverse map and validity.
-    /// `moved_from`: the PPN a GC move reads `lpn` from (the table need not look it up).
+    /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
+    /// table need not look it up).
     #[inline]
     fn program(
         &mut self,
         lpn: u32,
         stream: u8,
-        cause: Cause,
         ready_ns: u64,
         moved_from: Option<u32>,
     ) -> ProgramTimes {
+        let cause = if moved_from.is_some() {
+            Cause::Gc
+        } else {
+            Cause::Host
+        };
         let (ppn, filled) = self.allocate(stream, cause);
         let times = self.timing.program(self.geometry.die_of(ppn), ready_ns);
         let old = match moved_from {

@@ -209,9 +209,7 @@ impl Device {
         if !matches!(self.store.config().codec, Codec::ZstdDict { .. }) {
             return None;
         }
-        let s = self.store.stats();
-        // What training samples: neither same-filled (a word) nor raw (incompressible).
-        let compressed = s.pages_stored.saturating_sub(s.same_pages + s.huge_pages);
+        let compressed = self.store.stats().compressed_pages();
         if !schedule.due(compressed) {
             return None;
         }

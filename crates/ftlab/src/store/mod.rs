@@ -107,6 +107,14 @@ pub struct StoreStats {
     pub dictionary_bytes: u64,
 }
 
+impl StoreStats {
+    /// Pages kept compressed (neither same-filled nor raw): what `train_dictionary` samples.
+    pub fn compressed_pages(&self) -> u64 {
+        self.pages_stored
+            .saturating_sub(self.same_pages + self.huge_pages)
+    }
+}
+
 /// One stored page, packed into 24 bytes (key + value = 32 bytes a bucket).
 #[derive(Clone, Copy, Debug)]
 struct Body {
