@@ -309,6 +309,10 @@ impl ConfigBuilder {
     }
 
     pub fn build(self) -> Result<Config, ConfigError> {
+        self.build_checking(true)
+    }
+
+    fn build_checking(self, workload: bool) -> Result<Config, ConfigError> {
         // Deserialise from text so that an error carries a span, which names the key.
         let text = toml::to_string(&self.table).expect("a TOML table serialises");
         let config: Config = toml::from_str(&text).map_err(|e| {
@@ -326,8 +330,20 @@ impl ConfigBuilder {
             }
         })?;
         config.geometry()?;
-        config.validate_workload()?;
+        if config.report.series_interval_ns == 0 {
+            return Err(invalid("report.series_interval_ns", "must be > 0"));
+        }
+        if workload {
+            config.validate_workload()?;
+        }
         Ok(config)
+    }
+
+    /// As `build`, for a device that hosts drive (`ftlab serve`): nothing there reads the
+    /// `workload` section, so it is not checked (a preset's 4 GiB workload span is no error on
+    /// a 1 GiB export).
+    pub fn build_device(self) -> Result<Config, ConfigError> {
+        self.build_checking(false)
     }
 }
 
@@ -396,11 +412,40 @@ impl Config {
 
     fn validate_workload(&self) -> Result<(), ConfigError> {
         let w = &self.workload;
-        let geometry = self.geometry()?;
-        if self.workload.trace.is_none() {
-            crate::workload::GeneratorKind::parse(&w.kind)
-                .map_err(|reason| invalid("workload.kind", reason))?;
+        if w.queue_depth == 0 || w.queue_depth > 65536 {
+            return Err(invalid("workload.queue_depth", "must be in 1..=65536"));
         }
+        if !(w.precondition_overwrites.is_finite() && w.precondition_overwrites >= 0.0) {
+            return Err(invalid(
+                "workload.precondition_overwrites",
+                "must be a number >= 0",
+            ));
+        }
+        if w.replay != "open" && w.replay != "closed" {
+            return Err(invalid("workload.replay", "must be `open` or `closed`"));
+        }
+        if !(w.time_scale.is_finite() && (0.0..=1000.0).contains(&w.time_scale)) {
+            return Err(invalid(
+                "workload.time_scale",
+                "must be a number in 0..=1000",
+            ));
+        }
+        if let Some(f) = &w.format {
+            crate::trace::TraceFormat::parse(f).map_err(|r| invalid("workload.format", r))?;
+        }
+        // A trace replaces the generator, whose keys then do not matter (a preset's span may
+        // exceed a device sized for the trace).
+        if w.trace.is_none() {
+            self.validate_generator()?;
+        }
+        Ok(())
+    }
+
+    fn validate_generator(&self) -> Result<(), ConfigError> {
+        let w = &self.workload;
+        let geometry = self.geometry()?;
+        crate::workload::GeneratorKind::parse(&w.kind)
+            .map_err(|reason| invalid("workload.kind", reason))?;
         if w.requests.is_some() && w.overwrites.is_some() {
             return Err(invalid(
                 "workload.requests",
@@ -445,14 +490,11 @@ impl Config {
                 "must be > 0 and not exactly 1 (the generator's closed form divides by 1 - theta)",
             ));
         }
-        if w.queue_depth == 0 || w.queue_depth > 65536 {
-            return Err(invalid("workload.queue_depth", "must be in 1..=65536"));
-        }
         if w.span_bytes > geometry.logical_bytes() {
             return Err(invalid(
                 "workload.span_bytes",
                 format!(
-                    "{} exceeds the logical capacity of {} bytes",
+                    "{} exceeds the logical capacity of {} bytes (0 = the whole device)",
                     w.span_bytes,
                     geometry.logical_bytes()
                 ),
@@ -461,25 +503,10 @@ impl Config {
         if w.span_bytes != 0 && w.span_bytes < w.request_size_bytes {
             return Err(invalid("workload.span_bytes", "smaller than one request"));
         }
-        if !(w.precondition_overwrites.is_finite() && w.precondition_overwrites >= 0.0) {
-            return Err(invalid(
-                "workload.precondition_overwrites",
-                "must be a number >= 0",
-            ));
-        }
         if w.stream_by_temperature && self.ftl.streams < 2 {
             return Err(invalid(
                 "workload.stream_by_temperature",
                 "needs ftl.streams >= 2",
-            ));
-        }
-        if w.replay != "open" && w.replay != "closed" {
-            return Err(invalid("workload.replay", "must be `open` or `closed`"));
-        }
-        if !(w.time_scale.is_finite() && (0.0..=1000.0).contains(&w.time_scale)) {
-            return Err(invalid(
-                "workload.time_scale",
-                "must be a number in 0..=1000",
             ));
         }
         let span = if w.span_bytes == 0 {
@@ -487,23 +514,17 @@ impl Config {
         } else {
             w.span_bytes
         };
-        if w.kind == "hotcold" && w.trace.is_none() && span / w.request_size_bytes < 2 {
+        if w.kind == "hotcold" && span / w.request_size_bytes < 2 {
             return Err(invalid(
                 "workload.span_bytes",
                 "hotcold needs room for at least two requests (a hot one and a cold one)",
             ));
         }
-        if w.kind == "jesd219" && w.trace.is_none() && span < 1 << 20 {
+        if w.kind == "jesd219" && span < 1 << 20 {
             return Err(invalid(
                 "workload.span_bytes",
                 "jesd219 needs at least 1 MiB to place its transfers (up to 64 KiB) in its three regions",
             ));
-        }
-        if let Some(f) = &w.format {
-            crate::trace::TraceFormat::parse(f).map_err(|r| invalid("workload.format", r))?;
-        }
-        if self.report.series_interval_ns == 0 {
-            return Err(invalid("report.series_interval_ns", "must be > 0"));
         }
         Ok(())
     }

@@ -120,6 +120,15 @@ struct SimArgs {
 /// Preset, then `defaults` (what a command implies), then files, then --set, then `extra` (the
 /// command's own flags).
 fn build_config(args: &ConfigArgs, defaults: &[String], extra: &[String]) -> Result<ftlab::Config> {
+    Ok(config_layers(args, defaults, extra)?.build()?)
+}
+
+/// The layers of `build_config`, not yet checked.
+fn config_layers(
+    args: &ConfigArgs,
+    defaults: &[String],
+    extra: &[String],
+) -> Result<ConfigBuilder> {
     let mut builder = ConfigBuilder::from_preset(&args.preset)?;
     for set in defaults {
         builder.set(set)?;
@@ -130,7 +139,7 @@ fn build_config(args: &ConfigArgs, defaults: &[String], extra: &[String]) -> Res
     for set in args.sets.iter().chain(extra) {
         builder.set(set)?;
     }
-    Ok(builder.build()?)
+    Ok(builder)
 }
 
 /// A progress bar that appears only on a terminal and only once a run has taken a second.

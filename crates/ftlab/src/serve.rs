@@ -92,7 +92,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let config = crate::build_config(&args.config, &[], &[])?;
+    // The workload section is the simulator's; hosts drive this device.
+    let config = crate::config_layers(&args.config, &[], &[])?.build_device()?;
     let codec = Codec::parse(&args.store).map_err(anyhow::Error::msg)?;
     let latency = Latency::parse(&args.latency).map_err(anyhow::Error::msg)?;
     let device = Arc::new(

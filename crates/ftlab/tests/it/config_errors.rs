@@ -91,3 +91,34 @@ fn resolved_config_round_trips_through_toml() {
     b.merge_str(&c.to_toml(), "resolved").unwrap();
     assert_eq!(b.build().unwrap(), c);
 }
+
+#[test]
+fn the_generator_is_checked_only_where_it_runs() {
+    // hexa's workload spans 4 GiB; a 1 GiB device cannot run it...
+    let small = "capacity.logical_bytes=1073741824";
+    let e = err("hexa", &[small]);
+    assert!(
+        e.contains("workload.span_bytes") && e.contains("0 = the whole device"),
+        "{e}"
+    );
+    // ...but it can replay a trace, which replaces the generator,
+    let mut b = ConfigBuilder::from_preset("hexa").unwrap();
+    b.set(small).unwrap();
+    b.set("workload.trace=\"t.csv\"").unwrap();
+    assert!(b.build().is_ok());
+    // and serve hosts, which never read the workload section.
+    let mut b = ConfigBuilder::from_preset("hexa").unwrap();
+    b.set(small).unwrap();
+    b.set("workload.kind=\"bursty\"").unwrap();
+    let served = b.clone().build_device().unwrap();
+    assert_eq!(served.geometry().unwrap().logical_bytes(), 1 << 30);
+    assert!(b.build().unwrap_err().to_string().contains("workload.kind"));
+    // What the device itself needs is still checked.
+    let mut b = ConfigBuilder::from_preset("hexa").unwrap();
+    b.set("flash.channels=0").unwrap();
+    assert!(b
+        .build_device()
+        .unwrap_err()
+        .to_string()
+        .contains("flash.channels"));
+}
