@@ -5,7 +5,7 @@ use ftlab::server::{serve_connection, Device, DeviceOptions, Latency, RecordForm
 use ftlab::store::codec::Codec;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,9 +144,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let mut unix = None;
     if let Some(path) = &args.unix {
-        let _ = std::fs::remove_file(path);
-        let l =
-            UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+        let l = bind_unix(path)?;
         l.set_nonblocking(true)?;
         eprintln!(
             "ftlab serve: export `{}` on nbd+unix:///{}?socket={}",
@@ -249,8 +247,34 @@ pub fn run(args: ServeArgs) -> Result<()> {
             String::new()
         }
     );
-    if let Some(path) = &args.unix {
+    if let Some(path) = args.unix.as_deref().filter(|p| is_socket(p)) {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Listens on `path`, replacing only a stale socket (one a crashed run left). Anything else
+/// there is an error, never deleted: `--unix disk.img` typed for `--image disk.img` used to
+/// delete the disk image.
+fn bind_unix(path: &Path) -> Result<UnixListener> {
+    if is_socket(path) {
+        anyhow::ensure!(
+            std::os::unix::net::UnixStream::connect(path).is_err(),
+            "--unix {}: another server is listening there",
+            path.display()
+        );
+        std::fs::remove_file(path)
+            .with_context(|| format!("--unix {}: removing the stale socket", path.display()))?;
+    } else if std::fs::symlink_metadata(path).is_ok() {
+        anyhow::bail!(
+            "--unix {}: the file exists and is not a socket; not replacing it (give a new path)",
+            path.display()
+        );
+    }
+    UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))
 }

@@ -22,7 +22,9 @@ pub enum SimError {
     #[error(transparent)]
     Trace(#[from] TraceError),
     // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
-    #[error("{location}: {cause} (pass --wrap to fold such addresses into the device)")]
+    #[error(
+        "{location}: {cause} (pass --wrap to fold such addresses into the device, or size it for the trace with --set capacity.logical_bytes=BYTES)"
+    )]
     OutOfRange { location: String, cause: FtlError },
     #[error("{location}: {cause}")]
     Request { location: String, cause: FtlError },

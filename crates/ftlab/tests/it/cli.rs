@@ -159,11 +159,26 @@ fn serve_refuses_an_image_it_could_not_save_before_taking_data() {
     // Otherwise the mistake would surface only at shutdown, with the clients' data in hand.
     let dir = temp_dir("cli-image");
     let image = dir.join("no-such-dir").join("ssd.img");
+    let sock = dir.join("sock");
+    let (ok, err) = serve_until_exit(&[
+        "--no-tcp".as_ref(),
+        "--unix".as_ref(),
+        sock.as_ref(),
+        "--image".as_ref(),
+        image.as_ref(),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("ssd.img.tmp") && err.contains("--image"),
+        "{err}"
+    );
+}
+
+/// Runs `ftlab serve ARGS` until it exits (it must, within 30 s); its status and stderr.
+fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(["serve", "--no-tcp", "--unix"])
-        .arg(dir.join("sock"))
-        .arg("--image")
-        .arg(&image)
+        .arg("serve")
+        .args(args)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -174,15 +189,27 @@ fn serve_refuses_an_image_it_could_not_save_before_taking_data() {
         }
         if std::time::Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("serve kept running with an image path it cannot write");
+            panic!("serve {args:?} kept running");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(!status.success());
-    assert!(
-        err.contains("ssd.img.tmp") && err.contains("--image"),
-        "{err}"
-    );
+    (status.success(), err)
+}
+
+#[test]
+fn serve_never_deletes_a_file_it_was_given_as_its_socket() {
+    let dir = temp_dir("cli-unix");
+    // `--unix disk.img`, typed for `--image disk.img`: refused, the file left as it was.
+    let file = dir.join("disk.img");
+    std::fs::write(&file, b"the user's data").unwrap();
+    let (ok, err) = serve_until_exit(&["--no-tcp".as_ref(), "--unix".as_ref(), file.as_ref()]);
+    assert!(!ok && err.contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"the user's data");
+    // A live server's socket is not taken over either.
+    let live = dir.join("live.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let (ok, err) = serve_until_exit(&["--no-tcp".as_ref(), "--unix".as_ref(), live.as_ref()]);
+    assert!(!ok && err.contains("another server"), "{err}");
 }
