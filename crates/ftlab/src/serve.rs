@@ -46,12 +46,15 @@ pub struct ServeArgs {
     #[arg(long, default_value = "nbdkit", value_parser = ["nbdkit", "msr"])]
     record_format: String,
     /// Load the device's bytes from this raw image at start (when it exists) and save them back
-    /// at a clean shutdown (SIGINT/SIGTERM). Nothing is saved if the process dies otherwise.
+    /// at a clean shutdown (SIGINT/SIGTERM: connections are drained first, so every write
+    /// acknowledged is saved). Nothing is saved if the process dies otherwise.
     #[arg(long)]
     image: Option<PathBuf>,
-    /// Rewrite this JSON file with live statistics every --stats-interval seconds.
+    /// Write live statistics (JSON) to this file at start, every --stats-interval seconds
+    /// and at exit.
     #[arg(long)]
     stats: Option<PathBuf>,
+    /// Seconds between two writes of --stats.
     #[arg(long, default_value_t = 5.0)]
     stats_interval: f64,
 }
@@ -75,7 +78,7 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn write_stats(device: &Device, path: &std::path::Path) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
+    let tmp = ftlab::server::tmp_path_beside(path);
     std::fs::write(
         &tmp,
         serde_json::to_string_pretty(&device.stats_json())? + "\n",
@@ -96,6 +99,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let config = crate::config_layers(&args.config, &[], &[])?.build_device()?;
     let codec = Codec::parse(&args.store).map_err(anyhow::Error::msg)?;
     let latency = Latency::parse(&args.latency).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        args.stats_interval.is_finite() && args.stats_interval > 0.0,
+        "--stats-interval must be a positive number of seconds"
+    );
     let device = Arc::new(
         Device::new(
             &config,
@@ -123,6 +130,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 image.display()
             );
         }
+    }
+    if let Some(path) = &args.stats {
+        // Now, so that a path that cannot be written stops `serve` before any client comes.
+        write_stats(&device, path)?;
     }
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
@@ -173,14 +184,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         });
     }
     let mut last_stats = std::time::Instant::now();
-    anyhow::ensure!(
-        args.stats_interval.is_finite() && args.stats_interval > 0.0,
-        "--stats-interval must be a positive number of seconds"
-    );
+    let mut connections: Vec<Connection> = Vec::new();
     while !STOP.load(Ordering::SeqCst) {
         if let Some(path) = &args.stats {
             if last_stats.elapsed().as_secs_f64() >= args.stats_interval {
-                write_stats(&device, path)?;
+                // A full disk or a removed directory must not end the clients' device.
+                if let Err(e) = write_stats(&device, path) {
+                    eprintln!("ftlab serve: {e:#}");
+                }
                 last_stats = std::time::Instant::now();
             }
         }
@@ -188,41 +199,43 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if let Some(l) = &tcp {
             if let Ok((stream, peer)) = l.accept() {
                 idle = false;
-                stream.set_nonblocking(false)?;
-                let _ = stream.set_nodelay(true);
-                let reader = stream.try_clone()?;
-                let device = device.clone();
-                std::thread::spawn(move || {
-                    if let Err(e) = serve_connection(&device, reader, stream) {
-                        eprintln!("ftlab serve: {peer}: closed: {e}");
-                    }
-                });
+                match Connection::accept(&device, peer.to_string(), stream) {
+                    Ok(c) => connections.push(c),
+                    Err(e) => eprintln!("ftlab serve: {peer}: refused: {e}"),
+                }
             }
         }
         if let Some(l) = &unix {
             if let Ok((stream, _)) = l.accept() {
                 idle = false;
-                stream.set_nonblocking(false)?;
-                let reader = stream.try_clone()?;
-                let device = device.clone();
-                std::thread::spawn(move || {
-                    if let Err(e) = serve_connection(&device, reader, stream) {
-                        eprintln!("ftlab serve: unix client: closed: {e}");
-                    }
-                });
+                match Connection::accept(&device, "unix client".into(), stream) {
+                    Ok(c) => connections.push(c),
+                    Err(e) => eprintln!("ftlab serve: unix client: refused: {e}"),
+                }
             }
         }
+        connections.retain(|c| !c.thread.is_finished());
         if idle {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    device.finish().map_err(anyhow::Error::msg)?;
+    drop((tcp, unix));
+    drain(&device, connections);
+    // Each step runs even if one before it failed: the image holds the clients' data.
+    let mut failed = Vec::new();
+    if let Err(e) = device.finish() {
+        failed.push(e);
+    }
     if let Some(image) = &args.image {
-        device.save_image(image).map_err(anyhow::Error::msg)?;
-        eprintln!("ftlab serve: saved the device to {}", image.display());
+        match device.save_image(image) {
+            Ok(()) => eprintln!("ftlab serve: saved the device to {}", image.display()),
+            Err(e) => failed.push(e),
+        }
     }
     if let Some(path) = &args.stats {
-        write_stats(&device, path)?;
+        if let Err(e) = write_stats(&device, path) {
+            failed.push(format!("{e:#}"));
+        }
     }
     let (requests, f) = device.ftl_stats();
     let s = device.store_stats();
@@ -250,7 +263,96 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(path) = args.unix.as_deref().filter(|p| is_socket(p)) {
         let _ = std::fs::remove_file(path);
     }
+    anyhow::ensure!(failed.is_empty(), "{}", failed.join("; "));
     Ok(())
+}
+
+/// A client's connection, served on a thread of its own.
+struct Connection {
+    thread: std::thread::JoinHandle<()>,
+    /// Shuts the socket's reading side: a read blocked on it returns end of stream.
+    shut_reading: Box<dyn Fn() + Send>,
+}
+
+impl Connection {
+    /// Serves a client just accepted.
+    fn accept<S: Socket>(device: &Arc<Device>, name: String, stream: S) -> std::io::Result<Self> {
+        // The listeners poll; a client's socket blocks.
+        stream.set_blocking()?;
+        let (reader, shut) = (stream.try_clone_socket()?, stream.try_clone_socket()?);
+        let device = device.clone();
+        let thread = std::thread::spawn(move || {
+            if let Err(e) = serve_connection(&device, reader, stream) {
+                eprintln!("ftlab serve: {name}: closed: {e}");
+            }
+        });
+        Ok(Connection {
+            thread,
+            shut_reading: Box::new(move || shut.shut_reading()),
+        })
+    }
+}
+
+/// What `serve` needs of a TCP or Unix socket.
+trait Socket: ftlab::server::Incoming + std::io::Write + Send + Sized + 'static {
+    fn try_clone_socket(&self) -> std::io::Result<Self>;
+    fn set_blocking(&self) -> std::io::Result<()>;
+    fn shut_reading(&self);
+}
+
+impl Socket for std::net::TcpStream {
+    fn try_clone_socket(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn set_blocking(&self) -> std::io::Result<()> {
+        let _ = self.set_nodelay(true);
+        self.set_nonblocking(false)
+    }
+    fn shut_reading(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+}
+
+impl Socket for std::os::unix::net::UnixStream {
+    fn try_clone_socket(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn set_blocking(&self) -> std::io::Result<()> {
+        self.set_nonblocking(false)
+    }
+    fn shut_reading(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+}
+
+/// Ends every connection gracefully: no request is read after this starts, and each one read
+/// is answered before its connection closes, so the final report and `--image` hold every
+/// write a client was told is done. A client that does not read its replies is cut off after
+/// `DRAIN_WAIT`.
+fn drain(device: &Device, connections: Vec<Connection>) {
+    const DRAIN_WAIT: Duration = Duration::from_secs(10);
+    device.stop_reading();
+    let live: Vec<_> = connections
+        .into_iter()
+        .filter(|c| !c.thread.is_finished())
+        .collect();
+    if live.is_empty() {
+        return;
+    }
+    eprintln!("ftlab serve: draining {} connection(s)", live.len());
+    for c in &live {
+        (c.shut_reading)();
+    }
+    let deadline = std::time::Instant::now() + DRAIN_WAIT;
+    while live.iter().any(|c| !c.thread.is_finished()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stuck = live.iter().filter(|c| !c.thread.is_finished()).count();
+    if stuck > 0 {
+        eprintln!(
+            "ftlab serve: {stuck} connection(s) still busy after {DRAIN_WAIT:?} (a client not reading its replies?); saving without them"
+        );
+    }
 }
 
 fn is_socket(path: &Path) -> bool {

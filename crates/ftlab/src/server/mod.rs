@@ -20,7 +20,7 @@ pub use incoming::Incoming;
 use model::ModelFtl;
 use protocol as p;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -144,6 +144,8 @@ pub struct Device {
     /// Wall clock at `started`, for recorded timestamps.
     unix_start_ns: u64,
     options: DeviceOptions,
+    /// Set by `stop_reading`: connections read no further requests.
+    draining: AtomicBool,
 }
 
 /// Why a request failed, as an NBD error code.
@@ -189,6 +191,7 @@ impl Device {
             page_bytes,
             started: Instant::now(),
             options,
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -278,7 +281,7 @@ impl Device {
     /// Fails unless `save_image(path)` will be able to create its file: checked at start, so a
     /// mistyped directory is reported before clients write data that could not be saved.
     pub fn check_image_writable(path: &std::path::Path) -> Result<(), String> {
-        let tmp = image_tmp_path(path);
+        let tmp = tmp_path_beside(path);
         let existed = tmp.exists();
         std::fs::OpenOptions::new()
             .append(true)
@@ -295,7 +298,7 @@ impl Device {
     pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
         use std::io::{Seek, SeekFrom};
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let tmp = image_tmp_path(path);
+        let tmp = tmp_path_beside(path);
         let mut file =
             std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         file.set_len(self.size_bytes)
@@ -343,6 +346,13 @@ impl Device {
     pub fn ftl_stats(&self) -> (u64, crate::ftl::FtlStats) {
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         (s.requests, s.ftl.stats().clone())
+    }
+
+    /// From now on, connections read no new request: each answers what it has read and ends.
+    /// With their sockets' reading side shut down (which wakes a blocked read), this drains
+    /// them before shutdown, so that every write acknowledged is in the saved image.
+    pub fn stop_reading(&self) {
+        self.draining.store(true, Ordering::SeqCst);
     }
 
     /// Drains the FTL's write buffer (as a replay's end does) and flushes the record file; call
@@ -754,7 +764,8 @@ fn transmission<R: Incoming + Send>(
                     let (request, alone) = {
                         let mut guard = reader.lock().unwrap_or_else(|p| p.into_inner());
                         let (r, done, quiet) = &mut *guard;
-                        if *done {
+                        if *done || device.draining.load(Ordering::SeqCst) {
+                            *done = true;
                             return;
                         }
                         match read_request(r, &mut payload) {
@@ -974,9 +985,10 @@ fn deliver_when_due<W: Write>(
     }
 }
 
-/// Where `save_image` writes before renaming over `path`: `path` plus `.tmp`, so that it never
-/// touches another of the user's files (`disk.img` -> `disk.img.tmp`, not `disk.tmp`).
-fn image_tmp_path(path: &std::path::Path) -> std::path::PathBuf {
+/// Where a file is written before it is renamed over `path` (`--image`, `--stats`): `path` plus
+/// `.tmp`, so that it never touches another of the user's files (`disk.img` -> `disk.img.tmp`,
+/// not `disk.tmp`).
+pub fn tmp_path_beside(path: &std::path::Path) -> std::path::PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".tmp");
     name.into()

@@ -213,3 +213,136 @@ fn serve_never_deletes_a_file_it_was_given_as_its_socket() {
     let (ok, err) = serve_until_exit(&["--no-tcp".as_ref(), "--unix".as_ref(), live.as_ref()]);
     assert!(!ok && err.contains("another server"), "{err}");
 }
+
+/// The bytes a page-write test writes to page `page`: its number, then bytes that differ from
+/// page to page (not one same-filled word).
+fn page_pattern(page: u64) -> Vec<u8> {
+    let mut rng = ftlab::rng::SplitMix64::new(page);
+    let mut data: Vec<u8> = (0..512)
+        .flat_map(|_| rng.next_u64().to_le_bytes())
+        .collect();
+    data[..8].copy_from_slice(&page.to_le_bytes());
+    data
+}
+
+#[test]
+fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
+    use ftlab::server::protocol as p;
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const PAGES: u64 = 32768; // a 128 MiB device, 4 KiB pages
+    const IN_FLIGHT: u64 = 32;
+    let dir = temp_dir("cli-drain");
+    let (sock, image) = (dir.join("sock"), dir.join("ssd.img"));
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["serve", "--no-tcp", "--set"])
+        .arg(format!("capacity.logical_bytes={}", PAGES * 4096))
+        .arg("--unix")
+        .arg(&sock)
+        .arg("--image")
+        .arg(&image)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut s = loop {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(s) => break s,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("serve did not listen: {e}"),
+        }
+    };
+    // Handshake: fixed newstyle, no zeroes, NBD_OPT_EXPORT_NAME "".
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    s.write_all(&(p::CLIENT_FIXED_NEWSTYLE | p::CLIENT_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    let mut option = p::IHAVEOPT.to_be_bytes().to_vec();
+    option.extend_from_slice(&p::OPT_EXPORT_NAME.to_be_bytes());
+    option.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&option).unwrap();
+    let mut export = [0u8; 10];
+    s.read_exact(&mut export).unwrap();
+    assert_eq!(
+        u64::from_be_bytes(export[..8].try_into().unwrap()),
+        PAGES * 4096
+    );
+
+    // Page after page, up to IN_FLIGHT writes outstanding, until the server ends the connection;
+    // SIGINT arrives once 2000 are acknowledged.
+    let acked = AtomicU64::new(0);
+    let acknowledged: Vec<u64> = std::thread::scope(|scope| {
+        let mut replies = s.try_clone().unwrap();
+        let acked = &acked;
+        let reader = scope.spawn(move || {
+            let mut ok = Vec::new();
+            let mut h = [0u8; 16];
+            while replies.read_exact(&mut h).is_ok() {
+                assert_eq!(
+                    u32::from_be_bytes(h[..4].try_into().unwrap()),
+                    p::SIMPLE_REPLY_MAGIC
+                );
+                if u32::from_be_bytes(h[4..8].try_into().unwrap()) == 0 {
+                    ok.push(u64::from_be_bytes(h[8..].try_into().unwrap()));
+                }
+                acked.fetch_add(1, Ordering::SeqCst);
+            }
+            ok
+        });
+        let mut signalled = false;
+        for page in 0..PAGES {
+            while page >= acked.load(Ordering::SeqCst) + IN_FLIGHT && !reader.is_finished() {
+                std::thread::yield_now();
+            }
+            if !signalled && acked.load(Ordering::SeqCst) >= 2000 {
+                // SAFETY: kill(2) on our own child's pid.
+                assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGINT) }, 0);
+                signalled = true;
+            }
+            let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+            m.extend_from_slice(&0u16.to_be_bytes());
+            m.extend_from_slice(&p::CMD_WRITE.to_be_bytes());
+            m.extend_from_slice(&page.to_be_bytes()); // the cookie names the page
+            m.extend_from_slice(&(page * 4096).to_be_bytes());
+            m.extend_from_slice(&4096u32.to_be_bytes());
+            m.extend_from_slice(&page_pattern(page));
+            if s.write_all(&m).is_err() {
+                break;
+            }
+        }
+        assert!(
+            signalled,
+            "the client wrote the whole device before 2000 replies"
+        );
+        reader.join().unwrap()
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    server
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{err}");
+    assert!(acknowledged.len() >= 2000, "{err}");
+    let saved = std::fs::read(&image).unwrap();
+    for &page in &acknowledged {
+        let at = (page * 4096) as usize;
+        assert!(
+            saved[at..at + 4096] == page_pattern(page)[..],
+            "page {page} was acknowledged but is not in the image ({} acknowledged); serve said:\n{err}",
+            acknowledged.len()
+        );
+    }
+}
