@@ -422,6 +422,7 @@ pub fn run(
     per_dir_pages: usize,
     machine: String,
 ) -> Result<()> {
+    let json = crate::output::Output::open_some(json, "the JSON figures")?;
     let corpus = corpus(dirs, per_dir_pages);
     println!("ftlab bench store on {machine}");
     print!("corpus: {} pages of 4 KiB =", corpus.pages());
@@ -562,9 +563,8 @@ pub fn run(
         codecs: rows,
         kernel_zram: kernel,
     };
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let Some(out) = json {
+        out.write((serde_json::to_string_pretty(&report)? + "\n").as_bytes())?;
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The `ftlab` command line: the only place that does terminal I/O and turns errors into
 //! messages and exit codes.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use ftlab::config::{ConfigBuilder, DEFAULT_PRESET, PRESETS};
 use ftlab::sim::{self, Progress};
@@ -14,6 +14,7 @@ mod bench;
 mod bench_serve;
 mod bench_store;
 mod mapbench_cmd;
+mod output;
 mod plot;
 mod serve;
 
@@ -235,17 +236,17 @@ fn run_sim(args: SimArgs) -> Result<()> {
         Vec::new()
     };
     let config = build_config(&args.config, &defaults, &extra)?;
+    let json = output::Output::open_some(args.json.as_deref(), "the JSON report")?;
+    let csv = output::Output::open_some(args.csv.as_deref(), "the CSV series")?;
     let mut view = ProgressView::new(!args.quiet);
     let report = sim::run(&config, &mut |p| view.update(p));
     view.finish();
     let report = report?;
-    if let Some(path) = &args.json {
-        std::fs::write(path, report.to_json())
-            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    if let Some(out) = json {
+        out.write(report.to_json().as_bytes())?;
     }
-    if let Some(path) = &args.csv {
-        std::fs::write(path, report.series_csv())
-            .with_context(|| format!("writing the CSV series to {}", path.display()))?;
+    if let Some(out) = csv {
+        out.write(report.series_csv().as_bytes())?;
     }
     if !args.quiet {
         print!("{}", report.summary());

@@ -93,8 +93,10 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
         "simulator" => &[PpnSource::Simulator],
         _ => &[PpnSource::LogHead, PpnSource::Simulator],
     };
+    // After the re-run above: only the process that writes it opens it.
+    let json = crate::output::Output::open_some(args.json.as_deref(), "the JSON results")?;
     if let Some(bytes) = args.tile_to {
-        return run_tiled(&args, format, bytes);
+        return run_tiled(&args, format, bytes, json);
     }
     let mut all = Vec::new();
     for path in &args.traces {
@@ -112,18 +114,23 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
             all.push(result);
         }
     }
-    if let Some(out) = &args.json {
+    if let Some(out) = json {
         let text = if all.len() == 1 {
             serde_json::to_string_pretty(&all[0])?
         } else {
             serde_json::to_string_pretty(&all)?
         };
-        std::fs::write(out, text + "\n").with_context(|| format!("writing {}", out.display()))?;
+        out.write((text + "\n").as_bytes())?;
     }
     Ok(())
 }
 
-fn run_tiled(args: &MapbenchArgs, format: Option<TraceFormat>, bytes: u64) -> Result<()> {
+fn run_tiled(
+    args: &MapbenchArgs,
+    format: Option<TraceFormat>,
+    bytes: u64,
+    json: Option<crate::output::Output>,
+) -> Result<()> {
     anyhow::ensure!(
         args.traces.len() == 1 && args.ppns == "log-head",
         "--tile-to takes one trace and log-head PPNs"
@@ -161,9 +168,8 @@ fn run_tiled(args: &MapbenchArgs, format: Option<TraceFormat>, bytes: u64) -> Re
         gib(result.flat_u32_bytes),
         gib(result.flat_u64_bytes),
     );
-    if let Some(out) = &args.json {
-        std::fs::write(out, serde_json::to_string_pretty(&result)? + "\n")
-            .with_context(|| format!("writing {}", out.display()))?;
+    if let Some(out) = json {
+        out.write((serde_json::to_string_pretty(&result)? + "\n").as_bytes())?;
     }
     anyhow::ensure!(
         result.lossless_verified,

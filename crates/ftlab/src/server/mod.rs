@@ -236,12 +236,18 @@ impl Device {
             .metadata()
             .map_err(|e| format!("{}: {e}", path.display()))?
             .len();
-        if len > self.size_bytes || len % self.page_bytes as u64 != 0 {
+        if len > self.size_bytes {
             return Err(format!(
-                "{}: {len} bytes, not whole {}-byte pages within the {}-byte export",
+                "{}: {len} bytes, larger than the {}-byte export (size the device with --set capacity.logical_bytes={len})",
                 path.display(),
-                self.page_bytes,
                 self.size_bytes
+            ));
+        }
+        if len % self.page_bytes as u64 != 0 {
+            return Err(format!(
+                "{}: {len} bytes, not a whole number of {}-byte pages",
+                path.display(),
+                self.page_bytes
             ));
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -346,3 +346,53 @@ fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
         );
     }
 }
+
+#[test]
+fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
+    let dir = temp_dir("cli-output");
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "1,h,0,Write,0,4096,1\n2,h,0,Wrote,0,4096,1\n").unwrap();
+    let trace = bad.to_str().unwrap();
+    // An output that cannot be written is the error, before the trace is read.
+    let nowhere = dir.join("no-such-dir").join("r.json");
+    let (ok, _, err) = ftlab(&["sim", "--trace", trace, "--json", nowhere.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("no-such-dir/r.json") && !err.contains("Wrote"),
+        "{err}"
+    );
+    let (ok, _, err) = ftlab(&["mapbench", trace, "--json", nowhere.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("no-such-dir/r.json") && !err.contains("Wrote"),
+        "{err}"
+    );
+    // A failed run leaves an earlier report as it was and creates no empty one.
+    let old = dir.join("old.json");
+    std::fs::write(&old, "an earlier report").unwrap();
+    let fresh = dir.join("fresh.csv");
+    let (ok, _, err) = ftlab(&[
+        "sim",
+        "--trace",
+        trace,
+        "--json",
+        old.to_str().unwrap(),
+        "--csv",
+        fresh.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains(":2: field `Type`"), "{err}");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "an earlier report");
+    assert!(!fresh.exists());
+    // A run that succeeds replaces it.
+    let (ok, _, err) = ftlab(&[
+        "sim",
+        "--trace",
+        trace,
+        "--skip-bad-lines",
+        "-q",
+        "--json",
+        old.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&old).unwrap()).unwrap();
+    assert_eq!(report["host_write_pages"], 1);
+}
