@@ -1,8 +1,9 @@
 //! A size-class slab allocator for compressed pages, in the manner of Linux's zsmalloc.
 //!
 //! Objects are rounded up to a class (every `page_size / 128` bytes; zsmalloc's
-//! `ZS_SIZE_CLASS_DELTA` is `page_size / 256`), and each class carves slabs of 1 to 4 pages (the
-//! fewest that waste under 2 %, as zsmalloc sizes its zspages) into equal slots. An emptied slab's
+//! `ZS_SIZE_CLASS_DELTA` is `page_size / 256`), and each class carves slabs of 4 KiB units (the
+//! fewest of the 4 smallest that hold an object wasting under 2 %, as zsmalloc sizes its zspages)
+//! into equal slots. An emptied slab's
 //! memory goes back to the system, except a few kept for the next new slab (`SPARE_SLABS`);
 //! `compact` moves objects out of sparse slabs into fuller ones of the same class and frees the
 //! emptied slabs. `bytes()` is the memory the slabs hold: zram's `mem_used_total`.
@@ -24,6 +25,10 @@ pub struct Handle {
 const FREE: u64 = 1 << 63;
 const NO_FREE: u16 = u16::MAX;
 const MAX_OBJECT_BYTES: usize = 16384;
+/// Slabs are whole numbers of this many bytes, the system's page (zsmalloc's zspages are made of
+/// them), whatever the store's page size. Slabs counted in 16 KiB store pages left up to 32 KiB
+/// half-empty per class and shard: a third of the memory on a 256 MiB device under fio.
+const SLAB_UNIT_BYTES: usize = 4096;
 /// Emptied slabs' memory kept for reuse. zsmalloc frees a zspage to the kernel at once, which
 /// costs it nothing; a user-space allocator that does the same makes malloc shrink and regrow
 /// its heap, and the kernel clears every page it hands back: under a sequential overwrite of
@@ -177,14 +182,21 @@ impl SlabAllocator {
         let classes = (1..=page_bytes / class_delta)
             .map(|i| {
                 let object_bytes = i * class_delta;
-                // The fewest pages (up to 4, as zsmalloc) whose unusable tail is under 2 %, else
-                // the least waste. Bigger slabs pack some sizes better but leave a bigger
-                // half-empty slab per class and shard.
-                let waste = |p: usize| (p * page_bytes % object_bytes) * 1000 / (p * page_bytes);
-                let pages = (1..=4)
-                    .find(|&p| waste(p) < 20)
-                    .unwrap_or_else(|| (1..=4).min_by_key(|&p| waste(p)).expect("candidates"));
-                let slab_bytes = pages * page_bytes;
+                // The fewest units (of the 4 that can hold an object, as zsmalloc's zspages of
+                // up to 4 pages) whose unusable tail is under 2 %, else the least waste. Bigger
+                // slabs pack some sizes better but leave a bigger half-empty slab per class and
+                // shard.
+                let fewest = object_bytes.div_ceil(SLAB_UNIT_BYTES);
+                let waste =
+                    |u: usize| (u * SLAB_UNIT_BYTES % object_bytes) * 1000 / (u * SLAB_UNIT_BYTES);
+                let units = (fewest..fewest + 4)
+                    .find(|&u| waste(u) < 20)
+                    .unwrap_or_else(|| {
+                        (fewest..fewest + 4)
+                            .min_by_key(|&u| waste(u))
+                            .expect("candidates")
+                    });
+                let slab_bytes = units * SLAB_UNIT_BYTES;
                 Class {
                     object_bytes: object_bytes as u32,
                     objects_per_slab: (slab_bytes / object_bytes) as u16,
@@ -415,7 +427,7 @@ impl SlabAllocator {
             }
         }
         let released = before - self.bytes;
-        self.pages_compacted += (released / self.page_bytes) as u64;
+        self.pages_compacted += (released / SLAB_UNIT_BYTES) as u64;
         released
     }
 
@@ -503,6 +515,28 @@ mod tests {
         }
         a.check();
         assert_eq!(a.bytes(), 0);
+    }
+
+    #[test]
+    fn slabs_are_small_whatever_the_page_size() {
+        // A part-filled slab per class and shard is the memory beyond the compressed bytes, so
+        // a slab is the fewest 4 KiB units that hold its objects well, for any page size.
+        for page_bytes in [4096, 8192, 16384] {
+            let a = SlabAllocator::new(page_bytes);
+            for c in &a.classes {
+                let (object, slab) = (c.object_bytes as usize, c.slab_bytes as usize);
+                assert_eq!(slab % SLAB_UNIT_BYTES, 0);
+                assert!(
+                    slab >= object && slab < object + 4 * SLAB_UNIT_BYTES,
+                    "{page_bytes}: {object} in {slab}"
+                );
+                assert_eq!(c.objects_per_slab as usize, slab / object);
+            }
+        }
+        // One small object takes 4 KiB with 16 KiB pages too.
+        let mut a = SlabAllocator::new(16384);
+        a.alloc(100, 0);
+        assert_eq!(a.bytes(), 4096);
     }
 
     #[test]
