@@ -364,6 +364,17 @@ fn protocol_abuse_closes_only_the_abusive_connection() {
     );
     assert_eq!(good.request(99, 0, 0, 0, &[]).0, p::EINVAL);
     assert_eq!(good.request(p::CMD_READ, 0, 4096, 4096, &[]).1, data);
+    // Without a payload, longer than the maximum block size is fine (mkfs discards the whole
+    // device in one request).
+    assert!(SIZE > u64::from(p::MAX_REQUEST_BYTES));
+    for command in [p::CMD_TRIM, p::CMD_WRITE_ZEROES] {
+        assert_eq!(good.request(command, 0, 0, SIZE as u32, &[]).0, 0);
+        assert_eq!(
+            good.request(p::CMD_READ, 0, 4096, 4096, &[]).1,
+            vec![0u8; 4096]
+        );
+        assert_eq!(good.request(p::CMD_WRITE, 0, 4096, 4096, &data).0, 0);
+    }
 
     // Unknown option, unknown export, malformed GO: answered, negotiation goes on.
     let (mut s, h) = connect(&device);
