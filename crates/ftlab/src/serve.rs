@@ -325,13 +325,13 @@ impl Socket for std::os::unix::net::UnixStream {
     }
 }
 
-/// Ends every connection gracefully: no request is read after this starts, and each one read
-/// is answered before its connection closes, so the final report and `--image` hold every
-/// write a client was told is done. A client that does not read its replies is cut off after
-/// `DRAIN_WAIT`.
+/// Ends every connection gracefully, as the NBD spec asks of a server shutting down: requests
+/// executing finish, later ones are answered `ESHUTDOWN`, and each connection closes once it
+/// has answered what it read, so the final report and `--image` hold every write a client was
+/// told is done. A client that does not read its replies is cut off after `DRAIN_WAIT`.
 fn drain(device: &Device, connections: Vec<Connection>) {
     const DRAIN_WAIT: Duration = Duration::from_secs(10);
-    device.stop_reading();
+    device.begin_shutdown();
     let live: Vec<_> = connections
         .into_iter()
         .filter(|c| !c.thread.is_finished())

@@ -144,7 +144,7 @@ pub struct Device {
     /// Wall clock at `started`, for recorded timestamps.
     unix_start_ns: u64,
     options: DeviceOptions,
-    /// Set by `stop_reading`: connections read no further requests.
+    /// Set by `begin_shutdown`: requests are answered ESHUTDOWN.
     draining: AtomicBool,
 }
 
@@ -354,10 +354,12 @@ impl Device {
         (s.requests, s.ftl.stats().clone())
     }
 
-    /// From now on, connections read no new request: each answers what it has read and ends.
-    /// With their sockets' reading side shut down (which wakes a blocked read), this drains
-    /// them before shutdown, so that every write acknowledged is in the saved image.
-    pub fn stop_reading(&self) {
+    /// From now on, requests read are answered `ESHUTDOWN` (the spec's error for a server
+    /// shutting down, after which a client disconnects) instead of executed; requests already
+    /// executing finish. With the sockets' reading side then shut (which wakes a blocked read),
+    /// each connection ends once it has answered what it read: every write acknowledged before
+    /// is in the saved image.
+    pub fn begin_shutdown(&self) {
         self.draining.store(true, Ordering::SeqCst);
     }
 
@@ -770,8 +772,7 @@ fn transmission<R: Incoming + Send>(
                     let (request, alone) = {
                         let mut guard = reader.lock().unwrap_or_else(|p| p.into_inner());
                         let (r, done, quiet) = &mut *guard;
-                        if *done || device.draining.load(Ordering::SeqCst) {
-                            *done = true;
+                        if *done {
                             return;
                         }
                         match read_request(r, &mut payload) {
@@ -879,7 +880,9 @@ fn answer(
     // TRIM and WRITE_ZEROES carry none and may be longer, as the spec lets clients send them:
     // mkfs discards the whole device in one request, and refusing it kept that trim from the
     // FTL model.
-    let result = if request.command == p::CMD_READ && request.length > p::MAX_REQUEST_BYTES {
+    let result = if device.draining.load(Ordering::SeqCst) {
+        Err(p::ESHUTDOWN)
+    } else if request.command == p::CMD_READ && request.length > p::MAX_REQUEST_BYTES {
         Err(p::EINVAL)
     } else {
         device.execute(request, payload, out, alone)
@@ -937,6 +940,7 @@ fn error_message(request: &p::Request, errno: u32) -> String {
         p::EINVAL => "invalid request (out of range, too long, or an unknown command)",
         p::ENOSPC => "no space: beyond the device, or the page store is at --mem-limit",
         p::EIO => "I/O error in the page store",
+        p::ESHUTDOWN => "the server is shutting down",
         _ => "error",
     };
     format!(

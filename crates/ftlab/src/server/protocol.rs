@@ -60,6 +60,8 @@ pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
 pub const EINVAL: u32 = 22;
 pub const ENOSPC: u32 = 28;
+/// The server is shutting down (the client must then disconnect).
+pub const ESHUTDOWN: u32 = 108;
 
 /// Options longer than this are refused by closing the connection (no option needs more).
 pub const MAX_OPTION_BYTES: u32 = 64 << 10;

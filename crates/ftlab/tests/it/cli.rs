@@ -285,8 +285,11 @@ fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
                     u32::from_be_bytes(h[..4].try_into().unwrap()),
                     p::SIMPLE_REPLY_MAGIC
                 );
-                if u32::from_be_bytes(h[4..8].try_into().unwrap()) == 0 {
-                    ok.push(u64::from_be_bytes(h[8..].try_into().unwrap()));
+                match u32::from_be_bytes(h[4..8].try_into().unwrap()) {
+                    0 => ok.push(u64::from_be_bytes(h[8..].try_into().unwrap())),
+                    // Read after the signal: not executed, and said so.
+                    p::ESHUTDOWN => {}
+                    other => panic!("error {other}"),
                 }
                 acked.fetch_add(1, Ordering::SeqCst);
             }
