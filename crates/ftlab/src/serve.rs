@@ -277,8 +277,7 @@ struct Connection {
 impl Connection {
     /// Serves a client just accepted.
     fn accept<S: Socket>(device: &Arc<Device>, name: String, stream: S) -> std::io::Result<Self> {
-        // The listeners poll; a client's socket blocks.
-        stream.set_blocking()?;
+        stream.configure()?;
         let (reader, shut) = (stream.try_clone_socket()?, stream.try_clone_socket()?);
         let device = device.clone();
         let thread = std::thread::spawn(move || {
@@ -296,7 +295,8 @@ impl Connection {
 /// What `serve` needs of a TCP or Unix socket.
 trait Socket: ftlab::server::Incoming + std::io::Write + Send + Sized + 'static {
     fn try_clone_socket(&self) -> std::io::Result<Self>;
-    fn set_blocking(&self) -> std::io::Result<()>;
+    /// Blocking (the listeners poll; a client's socket waits), and for TCP no Nagle delay.
+    fn configure(&self) -> std::io::Result<()>;
     fn shut_reading(&self);
 }
 
@@ -304,7 +304,7 @@ impl Socket for std::net::TcpStream {
     fn try_clone_socket(&self) -> std::io::Result<Self> {
         self.try_clone()
     }
-    fn set_blocking(&self) -> std::io::Result<()> {
+    fn configure(&self) -> std::io::Result<()> {
         let _ = self.set_nodelay(true);
         self.set_nonblocking(false)
     }
@@ -317,7 +317,7 @@ impl Socket for std::os::unix::net::UnixStream {
     fn try_clone_socket(&self) -> std::io::Result<Self> {
         self.try_clone()
     }
-    fn set_blocking(&self) -> std::io::Result<()> {
+    fn configure(&self) -> std::io::Result<()> {
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {
@@ -328,7 +328,8 @@ impl Socket for std::os::unix::net::UnixStream {
 /// Ends every connection gracefully, as the NBD spec asks of a server shutting down: requests
 /// executing finish, later ones are answered `ESHUTDOWN`, and each connection closes once it
 /// has answered what it read, so the final report and `--image` hold every write a client was
-/// told is done. A client that does not read its replies is cut off after `DRAIN_WAIT`.
+/// told is done. A client that does not read its replies is not waited for beyond `DRAIN_WAIT`
+(what it wrote is in the store already; only its replies are pending).
 fn drain(device: &Device, connections: Vec<Connection>) {
     const DRAIN_WAIT: Duration = Duration::from_secs(10);
     device.begin_shutdown();
@@ -350,7 +351,7 @@ fn drain(device: &Device, connections: Vec<Connection>) {
     let stuck = live.iter().filter(|c| !c.thread.is_finished()).count();
     if stuck > 0 {
         eprintln!(
-            "ftlab serve: {stuck} connection(s) still busy after {DRAIN_WAIT:?} (a client not reading its replies?); saving without them"
+            "ftlab serve: {stuck} connection(s) still busy after {DRAIN_WAIT:?} (a client not reading its replies?); not waiting longer"
         );
     }
 }
