@@ -329,7 +329,7 @@ impl Socket for std::os::unix::net::UnixStream {
 /// executing finish, later ones are answered `ESHUTDOWN`, and each connection closes once it
 /// has answered what it read, so the final report and `--image` hold every write a client was
 /// told is done. A client that does not read its replies is not waited for beyond `DRAIN_WAIT`
-(what it wrote is in the store already; only its replies are pending).
+/// (what it wrote is in the store already; only its replies are pending).
 fn drain(device: &Device, connections: Vec<Connection>) {
     const DRAIN_WAIT: Duration = Duration::from_secs(10);
     device.begin_shutdown();
