@@ -33,11 +33,50 @@ pub struct SeriesRow {
     pub free_superblocks: u32,
 }
 
-pub struct Recorder {
+/// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
+#[derive(Clone, Debug)]
+pub struct OpHistograms {
     read: Histogram<u64>,
     write: Histogram<u64>,
     trim: Histogram<u64>,
     flush: Histogram<u64>,
+}
+
+impl Default for OpHistograms {
+    fn default() -> Self {
+        Self {
+            read: histogram(),
+            write: histogram(),
+            trim: histogram(),
+            flush: histogram(),
+        }
+    }
+}
+
+impl OpHistograms {
+    #[inline]
+    pub fn record(&mut self, op: Op, latency_ns: u64) {
+        let h = match op {
+            Op::Read => &mut self.read,
+            Op::Write => &mut self.write,
+            Op::Trim => &mut self.trim,
+            Op::Flush => &mut self.flush,
+        };
+        h.saturating_record(latency_ns.max(1));
+    }
+
+    pub fn summaries(&self) -> OpLatencies {
+        OpLatencies {
+            read: summarize(&self.read),
+            write: summarize(&self.write),
+            trim: summarize(&self.trim),
+            flush: summarize(&self.flush),
+        }
+    }
+}
+
+pub struct Recorder {
+    latency: OpHistograms,
     read_bytes: u64,
     write_bytes: u64,
     interval_ns: u64,
@@ -52,10 +91,7 @@ pub struct Recorder {
 impl Recorder {
     pub fn new(interval_ns: u64, start_ns: u64) -> Self {
         Self {
-            read: histogram(),
-            write: histogram(),
-            trim: histogram(),
-            flush: histogram(),
+            latency: OpHistograms::default(),
             read_bytes: 0,
             write_bytes: 0,
             interval_ns,
@@ -101,20 +137,12 @@ impl Recorder {
 
     #[inline]
     pub fn record(&mut self, request: &Request, arrival_ns: u64, completion_ns: u64) {
-        let latency = (completion_ns - arrival_ns).max(1);
-        let h = match request.op {
-            Op::Read => {
-                self.read_bytes += request.length_bytes;
-                &mut self.read
-            }
-            Op::Write => {
-                self.write_bytes += request.length_bytes;
-                &mut self.write
-            }
-            Op::Trim => &mut self.trim,
-            Op::Flush => &mut self.flush,
-        };
-        h.saturating_record(latency);
+        match request.op {
+            Op::Read => self.read_bytes += request.length_bytes,
+            Op::Write => self.write_bytes += request.length_bytes,
+            Op::Trim | Op::Flush => {}
+        }
+        self.latency.record(request.op, completion_ns - arrival_ns);
         self.requests_in_interval += 1;
     }
 
@@ -322,11 +350,12 @@ impl Report {
         let sim_time_ns = end_ns - start_ns;
         let secs = sim_time_ns.max(1) as f64 / 1e9;
         let r = &recorder;
+        let l = &r.latency;
         let requests = Requests {
-            read: r.read.len(),
-            write: r.write.len(),
-            trim: r.trim.len(),
-            flush: r.flush.len(),
+            read: l.read.len(),
+            write: l.write.len(),
+            trim: l.trim.len(),
+            flush: l.flush.len(),
         };
         let total_requests = requests.read + requests.write + requests.trim + requests.flush;
         // Per superblock; every physical block of a superblock is erased with it.
@@ -349,12 +378,7 @@ impl Report {
             read_mb_per_s: round6(r.read_bytes as f64 / 1e6 / secs),
             write_mb_per_s: round6(r.write_bytes as f64 / 1e6 / secs),
             requests,
-            latency_ns: OpLatencies {
-                read: summarize(&r.read),
-                write: summarize(&r.write),
-                trim: summarize(&r.trim),
-                flush: summarize(&r.flush),
-            },
+            latency_ns: l.summaries(),
             gc: GcInfo {
                 background: s.gc_background,
                 foreground: s.gc_foreground,
@@ -394,8 +418,8 @@ impl Report {
             counters: s.into(),
             trace,
             latency_cdf: LatencyCdfs {
-                read: cdf(&r.read),
-                write: cdf(&r.write),
+                read: cdf(&l.read),
+                write: cdf(&l.write),
             },
             series: recorder.series,
             config: config.clone(),

@@ -13,6 +13,7 @@ pub mod model;
 pub mod protocol;
 
 use crate::config::Config;
+use crate::report::OpHistograms;
 use crate::request::{Op, Request as FtlRequest};
 use crate::store::codec::Codec;
 use crate::store::{PageStore, StoreConfig, StoreStats};
@@ -80,6 +81,9 @@ struct State {
     record_format: RecordFormat,
     record_error: Option<String>,
     recorded: u64,
+    /// Simulated latency of each request the model saw (arrival to completion), per op: what a
+    /// replay of the record reports as `latency_ns`.
+    latency: OpHistograms,
 }
 
 /// 100 ns ticks from 1601-01-01 (Windows FILETIME, MSR's clock) to 1970-01-01.
@@ -124,9 +128,13 @@ impl State {
                 self.record_error.get_or_insert_with(|| e.to_string());
             }
         }
-        self.ftl
+        let done_ns = self
+            .ftl
             .submit(&request, request.arrival_ns)
-            .map_err(|_| p::EINVAL)
+            .map_err(|_| p::EINVAL)?;
+        self.latency
+            .record(request.op, done_ns.saturating_sub(request.arrival_ns));
+        Ok(done_ns)
     }
 }
 
@@ -146,6 +154,11 @@ pub struct Device {
     options: DeviceOptions,
     /// Set by `begin_shutdown`: requests are answered ESHUTDOWN.
     draining: AtomicBool,
+    /// What clients saw, per NBD command: wall-clock time from a request read to its reply
+    /// written to the socket (with latency emulation, the hold included).
+    client_latency: Mutex<OpHistograms>,
+    /// The resolved configuration, for the statistics.
+    config: Config,
 }
 
 /// Why a request failed, as an NBD error code.
@@ -182,6 +195,7 @@ impl Device {
                 record_format: options.record_format,
                 record_error: None,
                 recorded: 0,
+                latency: OpHistograms::default(),
             }),
             unix_start_ns: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -192,6 +206,8 @@ impl Device {
             started: Instant::now(),
             options,
             draining: AtomicBool::new(false),
+            client_latency: Mutex::new(OpHistograms::default()),
+            config: config.clone(),
         })
     }
 
@@ -328,24 +344,47 @@ impl Device {
     /// mm_stat fields.
     pub fn stats_json(&self) -> serde_json::Value {
         let (requests, ftl) = self.ftl_stats();
-        let mapping = self
-            .state
+        let (mapping, latency) = {
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (s.ftl.mapping(), s.latency.summaries())
+        };
+        let client = self
+            .client_latency
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .ftl
-            .mapping();
+            .summaries();
+        let now_ns = self.now_ns();
         serde_json::json!({
-            "uptime_ns": self.now_ns(),
+            "uptime_ns": now_ns,
             "requests": requests,
             "waf": crate::report::round6(ftl.waf()),
             "host_write_pages": ftl.host_write_pages,
             "nand_write_pages": ftl.nand_write_pages(),
             "gc_write_pages": ftl.gc_write_pages,
             "erases": ftl.erases,
+            // The model's clock is the wall clock since start.
+            "sim_time_ns": now_ns,
+            "latency_ns": latency,
+            "client_latency_ns": client,
             "counters": ftl,
             "mapping": mapping,
             "store": self.store.stats(),
+            "config": self.config,
         })
+    }
+
+    /// Counts the client latency of replies just written to the socket.
+    fn replied(&self, timings: impl Iterator<Item = Timing>) {
+        let now = Instant::now();
+        let mut h = self
+            .client_latency
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for t in timings {
+            if let Some(op) = t.op {
+                h.record(op, now.duration_since(t.read_at).as_nanos() as u64);
+            }
+        }
     }
 
     /// Requests served so far and the FTL model's counters.
@@ -698,27 +737,41 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     // Transmission: replies leave at once, or (latency emulation) when their simulated
     // completion is due, from a writer thread, so requests in flight overlap as on a device.
     if device.options.latency == Latency::None {
-        let w = Mutex::new(w);
-        transmission(device, structured, &mut r, |reply, _, in_flight| {
-            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-            send(&mut *w, &reply)?;
+        // The writer and the replies in it not yet flushed (their clients still wait).
+        let w = Mutex::new((w, Vec::new()));
+        transmission(device, structured, &mut r, |reply, _, timing, in_flight| {
+            let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
+            let (w, unflushed) = &mut *guard;
+            send(w, &reply)?;
+            unflushed.push(timing);
             // The last request in flight flushes for all: a reply queued behind one still
             // executing leaves with that one's (a send wakes the client: one per burst, not
             // per reply). Counted under the writer's lock, so no reply is left unflushed.
             if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
                 w.flush().map_err(|e| e.to_string())?;
+                device.replied(unflushed.drain(..));
             }
             Ok(())
         })
     } else {
         std::thread::scope(|scope| {
-            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
-            let writer = scope.spawn(move || deliver_when_due(rx, w));
-            let result = transmission(device, structured, &mut r, |reply, hold, in_flight| {
-                in_flight.fetch_sub(1, Ordering::AcqRel);
-                tx.send((Instant::now() + hold, reply))
+            let (tx, rx) = std::sync::mpsc::channel::<Due>();
+            let writer = scope.spawn(move || deliver_when_due(device, rx, w));
+            let result = transmission(
+                device,
+                structured,
+                &mut r,
+                |reply, hold, timing, in_flight| {
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
+                    tx.send(Due {
+                        at: Instant::now() + hold,
+                        seq: 0,
+                        reply,
+                        timing,
+                    })
                     .map_err(|_| "reply writer stopped".to_string())
-            });
+                },
+            );
             drop(tx);
             let written = writer
                 .join()
@@ -752,7 +805,7 @@ fn transmission<R: Incoming + Send>(
     device: &Device,
     structured: bool,
     r: &mut BufReader<R>,
-    deliver: impl Fn(Vec<u8>, Duration, &AtomicUsize) -> Result<(), String> + Sync,
+    deliver: impl Fn(Vec<u8>, Duration, Timing, &AtomicUsize) -> Result<(), String> + Sync,
 ) -> Result<(), String> {
     // (reader, done, requests read alone in a row).
     let reader = Mutex::new((r, false, 0u32));
@@ -769,7 +822,7 @@ fn transmission<R: Incoming + Send>(
             scope.spawn(|| {
                 let (mut payload, mut out) = (Vec::new(), Vec::new());
                 loop {
-                    let (request, alone) = {
+                    let (request, alone, read_at) = {
                         let mut guard = reader.lock().unwrap_or_else(|p| p.into_inner());
                         let (r, done, quiet) = &mut *guard;
                         if *done {
@@ -790,7 +843,7 @@ fn transmission<R: Incoming + Send>(
                                     0
                                 };
                                 // A nonzero count already says this request is alone.
-                                (request, *quiet >= QUIET_REQUESTS)
+                                (request, *quiet >= QUIET_REQUESTS, Instant::now())
                             }
                             Ok(None) => {
                                 *done = true;
@@ -815,7 +868,17 @@ fn transmission<R: Incoming + Send>(
                         &mut out,
                         alone,
                     );
-                    if let Err(e) = deliver(reply.0, reply.1, &in_flight) {
+                    let timing = Timing {
+                        read_at,
+                        op: match request.command {
+                            p::CMD_READ => Some(Op::Read),
+                            p::CMD_WRITE | p::CMD_WRITE_ZEROES => Some(Op::Write),
+                            p::CMD_TRIM => Some(Op::Trim),
+                            p::CMD_FLUSH => Some(Op::Flush),
+                            _ => None,
+                        },
+                    };
+                    if let Err(e) = deliver(reply.0, reply.1, timing, &in_flight) {
                         reader.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
                         fail(e);
                         return;
@@ -949,32 +1012,66 @@ fn error_message(request: &p::Request, errno: u32) -> String {
     )
 }
 
+/// When a request was read and which operation it was (None: a command that is not one),
+/// for the client latency.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    read_at: Instant,
+    op: Option<Op>,
+}
+
+/// A reply held until `at` (latency emulation); `seq` orders replies due at the same instant.
+struct Due {
+    at: Instant,
+    seq: u64,
+    reply: Vec<u8>,
+    timing: Timing,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
 /// Writes each reply when it is due (earliest first), until the sender is gone and every
 /// reply is out.
 fn deliver_when_due<W: Write>(
-    rx: std::sync::mpsc::Receiver<(Instant, Vec<u8>)>,
+    device: &Device,
+    rx: std::sync::mpsc::Receiver<Due>,
     mut w: BufWriter<W>,
 ) -> Result<(), String> {
     use std::cmp::Reverse;
     use std::sync::mpsc::RecvTimeoutError;
-    let mut due: std::collections::BinaryHeap<Reverse<(Instant, u64, Vec<u8>)>> =
-        std::collections::BinaryHeap::new();
+    let mut due: std::collections::BinaryHeap<Reverse<Due>> = std::collections::BinaryHeap::new();
+    let mut written = Vec::new();
     let mut seq = 0u64;
     let mut open = true;
     loop {
         let now = Instant::now();
-        let mut wrote = false;
-        while due.peek().is_some_and(|Reverse((at, _, _))| *at <= now) {
-            let Reverse((_, _, reply)) = due.pop().expect("peeked");
-            send(&mut w, &reply)?;
-            wrote = true;
+        while due.peek().is_some_and(|Reverse(d)| d.at <= now) {
+            let Reverse(d) = due.pop().expect("peeked");
+            send(&mut w, &d.reply)?;
+            written.push(d.timing);
         }
-        if wrote {
+        if !written.is_empty() {
             w.flush().map_err(|e| e.to_string())?;
+            device.replied(written.drain(..));
         }
         let next = due
             .peek()
-            .map(|Reverse((at, _, _))| at.saturating_duration_since(now));
+            .map(|Reverse(d)| d.at.saturating_duration_since(now));
         if !open {
             match next {
                 None => return Ok(()),
@@ -989,9 +1086,10 @@ fn deliver_when_due<W: Write>(
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match received {
-            Ok((at, reply)) => {
+            Ok(mut d) => {
                 seq += 1;
-                due.push(Reverse((at, seq, reply)));
+                d.seq = seq;
+                due.push(Reverse(d));
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => open = false,

@@ -165,6 +165,29 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
         live["waf"].as_f64().unwrap(),
         replayed["waf"].as_f64().unwrap()
     );
+    // Simulated latency: one sample per request the model saw, as in the replay; and the
+    // configuration it ran.
+    for op in ["read", "write", "trim", "flush"] {
+        assert_eq!(
+            live["latency_ns"][op]["count"], replayed["latency_ns"][op]["count"],
+            "{op}"
+        );
+    }
+    assert!(live["latency_ns"]["write"]["p50"].as_u64().unwrap() > 0);
+    for section in ["flash", "capacity", "ftl"] {
+        assert_eq!(
+            live["config"][section], replayed["config"][section],
+            "{section}"
+        );
+    }
+    // What the clients saw: every command answered, each counted once.
+    let client = &live["client_latency_ns"];
+    let answered: u64 = ["read", "write", "trim", "flush"]
+        .iter()
+        .map(|op| client[op]["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(answered, live["requests"].as_u64().unwrap(), "{client}");
+    assert!(client["write"]["p50"].as_u64().unwrap() > 0, "{client}");
 }
 
 fn real_data_file(path: &Path, bytes: usize) {
