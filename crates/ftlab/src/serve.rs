@@ -238,6 +238,27 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     let (requests, f) = device.ftl_stats();
+    let client = device.client_latency();
+    let ops = [
+        ("read", &client.read),
+        ("write", &client.write),
+        ("trim", &client.trim),
+        ("flush", &client.flush),
+    ];
+    let seen: Vec<String> = ops
+        .iter()
+        .filter(|(_, l)| l.count > 0)
+        .map(|(op, l)| {
+            let us = |ns: u64| ns as f64 / 1000.0;
+            format!(
+                "{op} {} p50 {:.1} p99 {:.1} max {:.1}",
+                l.count,
+                us(l.p50),
+                us(l.p99),
+                us(l.max)
+            )
+        })
+        .collect();
     let s = device.store_stats();
     println!(
         "requests {requests}; host write pages {}, flash write pages {} (GC {}), WAF {:.3}",
@@ -246,6 +267,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         f.gc_write_pages,
         f.waf()
     );
+    if !seen.is_empty() {
+        println!(
+            "client latency us (request read to reply sent): {}",
+            seen.join("; ")
+        );
+    }
     println!(
         "store: orig_data_size {} compr_data_size {} mem_used_total {} same_pages {} \
          huge_pages {}{}",

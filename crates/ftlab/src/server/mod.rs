@@ -348,11 +348,7 @@ impl Device {
             let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             (s.ftl.mapping(), s.latency.summaries())
         };
-        let client = self
-            .client_latency
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .summaries();
+        let client = self.client_latency();
         let now_ns = self.now_ns();
         serde_json::json!({
             "uptime_ns": now_ns,
@@ -385,6 +381,14 @@ impl Device {
                 h.record(op, now.duration_since(t.read_at).as_nanos() as u64);
             }
         }
+    }
+
+    /// Per NBD command: wall-clock ns from a request read to its reply written.
+    pub fn client_latency(&self) -> crate::report::OpLatencies {
+        self.client_latency
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .summaries()
     }
 
     /// Requests served so far and the FTL model's counters.
