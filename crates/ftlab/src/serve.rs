@@ -1,4 +1,5 @@
-//! `ftlab serve`: listeners, one thread per connection, and a summary on SIGINT/SIGTERM.
+//! `ftlab serve`: listeners, one thread per connection, and a drain and summary on SIGINT,
+//! SIGTERM or SIGHUP.
 
 use anyhow::{Context, Result};
 use ftlab::server::{serve_connection, Device, DeviceOptions, Latency, RecordFormat};
@@ -46,7 +47,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "nbdkit", value_parser = ["nbdkit", "msr"])]
     record_format: String,
     /// Load the device's bytes from this raw image at start (when it exists) and save them back
-    /// at a clean shutdown (SIGINT/SIGTERM: connections are drained first, so every write
+    /// at a clean shutdown (SIGINT, SIGTERM or SIGHUP: connections are drained first, so every write
     /// acknowledged is saved). Nothing is saved if the process dies otherwise.
     #[arg(long)]
     image: Option<PathBuf>,
@@ -139,6 +140,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        // A closed terminal (or ssh session) ends the device as cleanly, its image saved.
+        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
     }
     let mut tcp = None;
     if !args.no_tcp {
