@@ -214,6 +214,68 @@ fn serve_never_deletes_a_file_it_was_given_as_its_socket() {
     assert!(!ok && err.contains("another server"), "{err}");
 }
 
+/// Connects to a `serve` starting on `sock` and enters transmission (fixed newstyle, no
+/// zeroes, `NBD_OPT_EXPORT_NAME ""`); the export's size.
+fn nbd_connect(sock: &std::path::Path) -> (std::os::unix::net::UnixStream, u64) {
+    use ftlab::server::protocol as p;
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut s = loop {
+        match std::os::unix::net::UnixStream::connect(sock) {
+            Ok(s) => break s,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("serve did not listen: {e}"),
+        }
+    };
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    s.write_all(&(p::CLIENT_FIXED_NEWSTYLE | p::CLIENT_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    let mut option = p::IHAVEOPT.to_be_bytes().to_vec();
+    option.extend_from_slice(&p::OPT_EXPORT_NAME.to_be_bytes());
+    option.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&option).unwrap();
+    let mut export = [0u8; 10];
+    s.read_exact(&mut export).unwrap();
+    (s, u64::from_be_bytes(export[..8].try_into().unwrap()))
+}
+
+/// An NBD write request of `data` at `offset`, `cookie` naming it.
+fn nbd_write(cookie: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+    use ftlab::server::protocol as p;
+    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&p::CMD_WRITE.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    m
+}
+
+/// Waits (60 s at most) for `server` to exit: its status and stderr.
+fn exit_of(server: &mut std::process::Child) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    server
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}
+
 /// The bytes a page-write test writes to page `page`: its number, then bytes that differ from
 /// page to page (not one same-filled word).
 fn page_pattern(page: u64) -> Vec<u8> {
@@ -245,31 +307,8 @@ fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut s = loop {
-        match std::os::unix::net::UnixStream::connect(&sock) {
-            Ok(s) => break s,
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            Err(e) => panic!("serve did not listen: {e}"),
-        }
-    };
-    // Handshake: fixed newstyle, no zeroes, NBD_OPT_EXPORT_NAME "".
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).unwrap();
-    s.write_all(&(p::CLIENT_FIXED_NEWSTYLE | p::CLIENT_NO_ZEROES).to_be_bytes())
-        .unwrap();
-    let mut option = p::IHAVEOPT.to_be_bytes().to_vec();
-    option.extend_from_slice(&p::OPT_EXPORT_NAME.to_be_bytes());
-    option.extend_from_slice(&0u32.to_be_bytes());
-    s.write_all(&option).unwrap();
-    let mut export = [0u8; 10];
-    s.read_exact(&mut export).unwrap();
-    assert_eq!(
-        u64::from_be_bytes(export[..8].try_into().unwrap()),
-        PAGES * 4096
-    );
+    let (mut s, size) = nbd_connect(&sock);
+    assert_eq!(size, PAGES * 4096);
 
     // Page after page, up to IN_FLIGHT writes outstanding, until the server ends the connection;
     // SIGINT arrives once 2000 are acknowledged.
@@ -305,14 +344,10 @@ fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
                 assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGINT) }, 0);
                 signalled = true;
             }
-            let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
-            m.extend_from_slice(&0u16.to_be_bytes());
-            m.extend_from_slice(&p::CMD_WRITE.to_be_bytes());
-            m.extend_from_slice(&page.to_be_bytes()); // the cookie names the page
-            m.extend_from_slice(&(page * 4096).to_be_bytes());
-            m.extend_from_slice(&4096u32.to_be_bytes());
-            m.extend_from_slice(&page_pattern(page));
-            if s.write_all(&m).is_err() {
+            // The cookie names the page.
+            if s.write_all(&nbd_write(page, page * 4096, &page_pattern(page)))
+                .is_err()
+            {
                 break;
             }
         }
@@ -322,21 +357,7 @@ fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
         );
         reader.join().unwrap()
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = server.try_wait().unwrap() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "serve did not exit");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    server
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = exit_of(&mut server);
     assert!(status.success(), "{err}");
     assert!(acknowledged.len() >= 2000, "{err}");
     let saved = std::fs::read(&image).unwrap();
@@ -398,4 +419,47 @@ fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&old).unwrap()).unwrap();
     assert_eq!(report["host_write_pages"], 1);
+}
+
+#[test]
+fn a_stats_file_that_stops_working_does_not_end_the_device_nor_lose_its_image() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("cli-stats");
+    let (sock, image) = (dir.join("sock"), dir.join("ssd.img"));
+    let stats_dir = dir.join("stats");
+    std::fs::create_dir(&stats_dir).unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args([
+            "serve",
+            "--no-tcp",
+            "--set",
+            "capacity.logical_bytes=16777216",
+        ])
+        .arg("--unix")
+        .arg(&sock)
+        .arg("--image")
+        .arg(&image)
+        .arg("--stats")
+        .arg(stats_dir.join("s.json"))
+        .args(["--stats-interval", "0.05"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut s, _) = nbd_connect(&sock);
+    // The statistics' directory goes away while the device runs (a full disk, a cleanup).
+    std::fs::remove_dir_all(&stats_dir).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.write_all(&nbd_write(1, 8192, &page_pattern(2))).unwrap();
+    let mut reply = [0u8; 16];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[4..8], &[0, 0, 0, 0], "the write succeeded");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
+    let (status, err) = exit_of(&mut server);
+    // The failed statistics are said (and make the exit status an error); the image is saved.
+    assert!(!status.success() && err.contains("s.json"), "{err}");
+    assert!(err.contains("saved the device"), "{err}");
+    let saved = std::fs::read(&image).unwrap();
+    assert!(saved[8192..12288] == page_pattern(2)[..]);
 }
