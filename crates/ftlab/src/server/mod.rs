@@ -317,6 +317,10 @@ impl Device {
     }
 
     /// Writes every page to `path` as a raw image the size of the export (zero pages as holes).
+    ///
+    /// A page that fails its checksum does not stop the save (the other pages are the clients'
+    /// data): the image is written whole with that page as zeros, left beside `path` as
+    /// `PATH.tmp` (an earlier image at `path` is kept), and the error names every such LPN.
     pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
         use std::io::{Seek, SeekFrom};
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -326,8 +330,12 @@ impl Device {
         file.set_len(self.size_bytes)
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
         let mut page = vec![0u8; self.page_bytes];
+        let mut unreadable = Vec::new();
         for lpn in 0..self.size_bytes / self.page_bytes as u64 {
-            self.store.read(lpn, &mut page).map_err(|e| e.to_string())?;
+            if let Err(e) = self.store.read(lpn, &mut page) {
+                unreadable.push((lpn, e));
+                continue;
+            }
             if page.iter().any(|&b| b != 0) {
                 file.seek(SeekFrom::Start(lpn * self.page_bytes as u64))
                     .and_then(|_| file.write_all(&page))
@@ -336,8 +344,35 @@ impl Device {
         }
         file.sync_all()
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        if !unreadable.is_empty() {
+            const NAMED: usize = 16;
+            let mut named: Vec<String> = unreadable
+                .iter()
+                .take(NAMED)
+                .map(|(_, e)| e.to_string())
+                .collect();
+            if unreadable.len() > NAMED {
+                named.push(format!("and {} more", unreadable.len() - NAMED));
+            }
+            return Err(format!(
+                "{}: {} page(s) could not be read and are zeros in the image saved as {} \
+                 ({} left as it was): {}",
+                path.display(),
+                unreadable.len(),
+                tmp.display(),
+                path.display(),
+                named.join("; ")
+            ));
+        }
         std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(())
+    }
+
+    /// Flips a bit of page `lpn`'s stored bytes, to test how corruption is handled. Returns
+    /// false when the page has no stored bytes.
+    #[doc(hidden)]
+    pub fn corrupt_page_for_test(&self, lpn: u64) -> bool {
+        self.store.corrupt_for_test(lpn)
     }
 
     /// The live statistics: the simulator's counters, the mapping table's DRAM and the store's

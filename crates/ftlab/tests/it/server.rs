@@ -699,3 +699,44 @@ fn a_zstd_dict_device_trains_its_dictionary_by_itself_once_enough_is_stored() {
         None
     );
 }
+
+/// A page that fails its checksum at shutdown costs that page, not the image: every other page
+/// is saved (beside the image, as PATH.tmp), the earlier image is kept, and the error names the
+/// LPN.
+#[test]
+fn saving_the_image_survives_a_corrupt_page_and_names_it() {
+    let dir = temp_dir("corrupt-image");
+    let device = device();
+    let page = 4096usize;
+    let pages = 64usize;
+    // Log-like text: compressible, so stored as compressed bytes the test can corrupt.
+    let mut rng = SplitMix64::new(5);
+    let content: Vec<u8> = (0..pages * page / 16)
+        .flat_map(|_| format!("t={:010} ok\n", rng.bounded(1 << 30)).into_bytes())
+        .collect();
+    assert_eq!(content.len(), pages * page);
+    let source = dir.join("source.img");
+    std::fs::write(&source, &content).unwrap();
+    assert_eq!(device.load_image(&source).unwrap(), pages as u64);
+    let bad_lpn = 37u64;
+    assert!(device.corrupt_page_for_test(bad_lpn));
+
+    let image = dir.join("dev.img");
+    std::fs::write(&image, b"the earlier image").unwrap();
+    let err = device.save_image(&image).unwrap_err();
+    assert!(err.contains("lpn 37"), "{err}");
+    assert!(err.contains("dev.img.tmp"), "{err}");
+    assert_eq!(std::fs::read(&image).unwrap(), b"the earlier image");
+    let saved = std::fs::read(dir.join("dev.img.tmp")).unwrap();
+    assert_eq!(saved.len() as u64, device.size_bytes());
+    for lpn in 0..pages {
+        let got = &saved[lpn * page..(lpn + 1) * page];
+        if lpn as u64 == bad_lpn {
+            assert!(got.iter().all(|&b| b == 0), "the unreadable page is zeros");
+        } else {
+            assert_eq!(got, &content[lpn * page..(lpn + 1) * page], "lpn {lpn}");
+        }
+    }
+    assert!(saved[pages * page..].iter().all(|&b| b == 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
