@@ -472,7 +472,7 @@ pub fn run(
         rows.push(run_codec(codec, &corpus, all.clone()).1);
     }
     // zstd-dict: the device holds the real-file pages (compressed with plain zstd until a
-    // dictionary exists), trains a dictionary from a sample of them, and the same pages are
+    // dictionary exists), trains its dictionaries from a sample of them, and the same pages are
     // written again. The gain is against per-page zstd at the same level on the same pages.
     let files = 0..corpus.file_pages;
     let (_, zstd_files) = run_codec(Codec::Zstd { level: 3 }, &corpus, files.clone());
@@ -485,7 +485,7 @@ pub fn run(
     drop(dict_store);
     let zstd_dict_ratio_gain = dict_files.ratio / zstd_files.ratio - 1.0;
     println!(
-        "zstd-dict (dictionary {dict_bytes} B trained from the device's pages) on the real-file pages: ratio {:.3} vs per-page zstd:3 {:.3}: {:+.1} %",
+        "zstd-dict (dictionaries of {dict_bytes} B in all, text and binary, trained from the device's pages) on the real-file pages: ratio {:.3} vs per-page zstd:3 {:.3}: {:+.1} %",
         dict_files.ratio,
         zstd_files.ratio,
         zstd_dict_ratio_gain * 100.0

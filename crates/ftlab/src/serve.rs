@@ -27,9 +27,10 @@ pub struct ServeArgs {
     /// Export name clients ask for ("" is always accepted too).
     #[arg(long, default_value = "ftlab")]
     export_name: String,
-    /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL]. zstd-dict trains its dictionary
-    /// by itself (a few seconds of one core, logged): first once 4096 pages are stored
-    /// compressed (neither same-filled nor raw), then each time that count has doubled.
+    /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL]. zstd-dict trains its
+    /// dictionaries (one for text pages, one for binary) by itself (a few seconds of one core,
+    /// logged): first once 4096 pages are stored compressed (neither same-filled nor raw), then
+    /// each time that count has doubled.
     #[arg(long, default_value = "lz4")]
     store: String,
     /// Memory limit of the page store, as zram's mem_limit: bytes, or with a K/M/G/T suffix

@@ -235,8 +235,9 @@ impl Device {
         let started = Instant::now();
         Some(match self.store.train_dictionary() {
             Ok(bytes) => format!(
-                "trained a {bytes}-byte zstd dictionary from a sample of the {compressed} pages \
-                 stored compressed, in {:.1} s; pages written from now on use it",
+                "trained zstd dictionaries ({bytes} bytes, one per class of page: text, binary) \
+                 from a sample of the {compressed} pages stored compressed, in {:.1} s; pages \
+                 written from now on use them",
                 started.elapsed().as_secs_f64()
             ),
             Err(e) => format!("dictionary training failed: {e}"),

@@ -11,6 +11,7 @@
 //! page carries an xxh3 checksum of its stored bytes, seeded with its LPN, verified on read.
 
 pub mod codec;
+pub mod content_class;
 mod page_table;
 pub mod same_fill;
 pub mod slab;
@@ -333,13 +334,19 @@ const RAW_STREAK_PROBE: u32 = 8;
 /// untested: a compressible page after an incompressible run is found within this many pages.
 const MAX_PROBE_SPACING: u32 = 16;
 const PROBE_BYTES: usize = 512;
+/// Fewest sampled pages a dictionary is trained from (zstd's trainer needs several samples).
+const MIN_TRAINING_PAGES: usize = 8;
+/// Smallest dictionary worth training for a class (a class with a tiny share of the sample gets
+/// none and uses the other's).
+const MIN_DICTIONARY_BYTES: usize = 4096;
 
 pub struct PageStore {
     config: StoreConfig,
     shards: Box<[Mutex<Shard>]>,
     shard_mask: u64,
-    /// The dictionary new pages are compressed with (zstd-dict).
-    current_dictionary: RwLock<Option<Arc<Dictionary>>>,
+    /// The dictionaries new pages are compressed with (zstd-dict), one per content class
+    /// (`content_class`); a class without one uses the other's.
+    current_dictionary: RwLock<[Option<Arc<Dictionary>>; content_class::CLASSES]>,
     /// Every dictionary some stored page may still need.
     dictionaries: RwLock<HashMap<u32, Arc<Dictionary>>>,
     /// Bytes all shards' slabs hold, kept up to date under each shard's lock so that the memory
@@ -388,7 +395,7 @@ impl PageStore {
             shard_mask: config.shards as u64 - 1,
             config,
             shards,
-            current_dictionary: RwLock::new(None),
+            current_dictionary: RwLock::new(Default::default()),
             dictionaries: RwLock::new(HashMap::new()),
             mem_used: AtomicU64::new(0),
             mem_used_max: AtomicU64::new(0),
@@ -478,11 +485,16 @@ impl PageStore {
             return Ok(insert(&Prepared::Same(word)));
         }
         let dictionary = match self.config.codec {
-            Codec::ZstdDict { .. } => self
-                .current_dictionary
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            Codec::ZstdDict { .. } => {
+                let current = self
+                    .current_dictionary
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner());
+                let class = content_class::of(page);
+                current[class]
+                    .clone()
+                    .or_else(|| current.iter().flatten().next().cloned())
+            }
             _ => None,
         };
         SCRATCH.with(|scratch| {
@@ -676,10 +688,11 @@ impl PageStore {
         freed
     }
 
-    /// Trains a new zstd dictionary from a sample of the stored pages (spread evenly over the
-    /// LPNs; same-filled and raw pages skipped: a word or incompressible bytes teach it nothing
-    /// and would take room in the sample); pages written from now on use it, pages stored
-    /// earlier keep theirs. Returns the dictionary's size in bytes.
+    /// Trains new zstd dictionaries from a sample of the stored pages (spread evenly over the
+    /// LPNs; same-filled and raw pages skipped: a word or incompressible bytes teach nothing and
+    /// would take room in the sample), one per content class (`content_class`) from that class's
+    /// pages, `dictionary_bytes` split by the classes' shares of the sample. Pages written from
+    /// now on use them; pages stored earlier keep theirs. Returns the dictionaries' total bytes.
     pub fn train_dictionary(&self) -> Result<usize, StoreError> {
         let page = self.config.page_bytes;
         let mut lpns: Vec<u64> = Vec::new();
@@ -696,27 +709,54 @@ impl PageStore {
         lpns.sort_unstable();
         let step = (lpns.len() / self.config.dictionary_sample_pages.max(1)).max(1);
         let sample: Vec<u64> = lpns.into_iter().step_by(step).collect();
-        if sample.len() < 8 {
+        if sample.len() < MIN_TRAINING_PAGES {
             return Err(StoreError::Training(format!(
-                "{} compressible pages stored; at least 8 are needed",
+                "{} compressible pages stored; at least {MIN_TRAINING_PAGES} are needed",
                 sample.len()
             )));
         }
         let mut samples = vec![0u8; sample.len() * page];
         self.read_batch(&sample, &mut samples)?;
-        let bytes = codec::train(&samples, page, self.config.dictionary_bytes)
-            .map_err(StoreError::Training)?;
-        let id = NEXT_DICTIONARY_ID.fetch_add(1, Ordering::Relaxed);
-        let dictionary = Arc::new(Dictionary { id, bytes });
-        let size = dictionary.bytes.len();
-        self.dictionaries
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, dictionary.clone());
+        let mut by_class: [Vec<u8>; content_class::CLASSES] = Default::default();
+        for p in samples.chunks(page) {
+            by_class[content_class::of(p)].extend_from_slice(p);
+        }
+        let mut trained: [Option<Arc<Dictionary>>; content_class::CLASSES] = Default::default();
+        let mut failures = Vec::new();
+        for (class, pages) in by_class.iter().enumerate() {
+            let n = pages.len() / page;
+            let budget = self.config.dictionary_bytes * n / sample.len();
+            if n < MIN_TRAINING_PAGES || budget < MIN_DICTIONARY_BYTES {
+                continue;
+            }
+            match codec::train(pages, page, budget) {
+                Ok(bytes) => {
+                    let id = NEXT_DICTIONARY_ID.fetch_add(1, Ordering::Relaxed);
+                    trained[class] = Some(Arc::new(Dictionary { id, bytes }));
+                }
+                Err(e) => failures.push(format!("{} pages: {e}", content_class::NAMES[class])),
+            }
+        }
+        if trained.iter().all(Option::is_none) {
+            return Err(StoreError::Training(if failures.is_empty() {
+                "no class of pages had enough samples".into()
+            } else {
+                failures.join("; ")
+            }));
+        }
+        let size = trained.iter().flatten().map(|d| d.bytes.len()).sum();
+        {
+            let mut all = self.dictionaries.write().unwrap_or_else(|p| p.into_inner());
+            for d in trained.iter().flatten() {
+                all.insert(d.id, d.clone());
+            }
+        }
+        // A class whose training was skipped or failed uses the other class's new dictionary
+        // rather than an older one of its own: all current dictionaries come from one sample.
         *self
             .current_dictionary
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(dictionary);
+            .unwrap_or_else(|p| p.into_inner()) = trained;
         self.drop_unused_dictionaries();
         Ok(size)
     }
@@ -732,16 +772,18 @@ impl PageStore {
                 }
             }
         }
-        let current = self
+        let current: Vec<u32> = self
             .current_dictionary
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|d| d.id);
+            .iter()
+            .flatten()
+            .map(|d| d.id)
+            .collect();
         self.dictionaries
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|id, _| used.contains(id) || Some(*id) == current);
+            .retain(|id, _| used.contains(id) || current.contains(id));
     }
 
     /// Flips one bit of a stored page's bytes, to test corruption detection. Returns false when
