@@ -337,7 +337,7 @@ const PROBE_BYTES: usize = 512;
 /// Fewest sampled pages a dictionary is trained from (zstd's trainer needs several samples).
 const MIN_TRAINING_PAGES: usize = 8;
 /// Smallest dictionary worth training for a class (a class with a tiny share of the sample gets
-/// none and uses the other's).
+/// none, and its pages stay plain zstd).
 const MIN_DICTIONARY_BYTES: usize = 4096;
 
 pub struct PageStore {
@@ -345,7 +345,7 @@ pub struct PageStore {
     shards: Box<[Mutex<Shard>]>,
     shard_mask: u64,
     /// The dictionaries new pages are compressed with (zstd-dict), one per content class
-    /// (`content_class`); a class without one uses the other's.
+    /// (`content_class`); a class without one is compressed without.
     current_dictionary: RwLock<[Option<Arc<Dictionary>>; content_class::CLASSES]>,
     /// Every dictionary some stored page may still need.
     dictionaries: RwLock<HashMap<u32, Arc<Dictionary>>>,
@@ -490,10 +490,9 @@ impl PageStore {
                     .current_dictionary
                     .read()
                     .unwrap_or_else(|p| p.into_inner());
-                let class = content_class::of(page);
-                current[class]
-                    .clone()
-                    .or_else(|| current.iter().flatten().next().cloned())
+                // A class without a dictionary of its own stays plain zstd: another class's
+                // dictionary made pages larger than no dictionary did (docs/store.md).
+                current[content_class::of(page)].clone()
             }
             _ => None,
         };
@@ -751,8 +750,8 @@ impl PageStore {
                 all.insert(d.id, d.clone());
             }
         }
-        // A class whose training was skipped or failed uses the other class's new dictionary
-        // rather than an older one of its own: all current dictionaries come from one sample.
+        // A class whose training was skipped or failed has no dictionary until the next
+        // training, rather than an older one: all current dictionaries come from one sample.
         *self
             .current_dictionary
             .write()

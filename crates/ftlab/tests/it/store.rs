@@ -530,3 +530,50 @@ fn text_pages_get_a_dictionary_of_their_own_on_a_mostly_binary_device() {
     }
     store.check();
 }
+
+#[test]
+fn a_class_too_small_for_a_dictionary_stays_plain_zstd() {
+    // 2.5 % log pages: their share of 128 KiB (3.2 KiB) is under the smallest dictionary worth
+    // training, so they get none, and rewriting them after the training stores exactly what
+    // plain zstd did. (Using the binary class's dictionary instead made such pages larger.)
+    let mut rng = SplitMix64::new(4);
+    let tokens: Vec<[u8; 8]> = (0..20_000).map(|_| rng.next_u64().to_le_bytes()).collect();
+    let mut config = StoreConfig::new(4096, Codec::ZstdDict { level: 3 });
+    config.dictionary_bytes = 128 << 10;
+    let store = PageStore::new(config).unwrap();
+    let is_text = |i: u64| i % 40 == 0;
+    let pages: Vec<Vec<u8>> = (0..3000u64)
+        .map(|i| {
+            if is_text(i) {
+                log_page(i)
+            } else {
+                record_page(i, &tokens)
+            }
+        })
+        .collect();
+    for (i, p) in pages.iter().enumerate() {
+        store.write(i as u64, p).unwrap();
+    }
+    let trained = store.train_dictionary().unwrap();
+    assert!(trained > 0 && trained <= 128 << 10, "{trained}");
+    let before = store.stats().compr_data_size;
+    for (i, p) in pages.iter().enumerate().filter(|(i, _)| is_text(*i as u64)) {
+        store.write(i as u64, p).unwrap();
+    }
+    assert_eq!(store.stats().compr_data_size, before);
+    // The binary pages, rewritten with their class's dictionary, shrink.
+    for (i, p) in pages
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !is_text(*i as u64))
+    {
+        store.write(i as u64, p).unwrap();
+    }
+    assert!(store.stats().compr_data_size < before);
+    let mut buf = vec![0u8; 4096];
+    for i in [0usize, 40, 41, 2999] {
+        store.read(i as u64, &mut buf).unwrap();
+        assert_eq!(buf, pages[i], "lpn {i}");
+    }
+    store.check();
+}
