@@ -541,7 +541,7 @@ fn a_class_too_small_for_a_dictionary_stays_plain_zstd() {
     let mut config = StoreConfig::new(4096, Codec::ZstdDict { level: 3 });
     config.dictionary_bytes = 128 << 10;
     let store = PageStore::new(config).unwrap();
-    let is_text = |i: u64| i % 40 == 0;
+    let is_text = |i: u64| i.is_multiple_of(40);
     let pages: Vec<Vec<u8>> = (0..3000u64)
         .map(|i| {
             if is_text(i) {
