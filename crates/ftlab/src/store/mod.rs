@@ -714,11 +714,16 @@ impl PageStore {
                 sample.len()
             )));
         }
-        let mut samples = vec![0u8; sample.len() * page];
-        self.read_batch(&sample, &mut samples)?;
+        // Read in chunks, each page straight to its class's samples: the sample (64 MiB at the
+        // default size) is held once, not twice.
         let mut by_class: [Vec<u8>; content_class::CLASSES] = Default::default();
-        for p in samples.chunks(page) {
-            by_class[content_class::of(p)].extend_from_slice(p);
+        let mut chunk = vec![0u8; 256 * page];
+        for lpns in sample.chunks(256) {
+            let bytes = &mut chunk[..lpns.len() * page];
+            self.read_batch(lpns, bytes)?;
+            for p in bytes.chunks(page) {
+                by_class[content_class::of(p)].extend_from_slice(p);
+            }
         }
         let mut trained: [Option<Arc<Dictionary>>; content_class::CLASSES] = Default::default();
         let mut failures = Vec::new();
