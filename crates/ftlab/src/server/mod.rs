@@ -321,7 +321,7 @@ impl Device {
     ///
     /// A page that fails its checksum does not stop the save (the other pages are the clients'
     /// data): the image is written whole with that page as zeros, left beside `path` as
-    /// `PATH.tmp` (an earlier image at `path` is kept), and the error names every such LPN.
+    /// `PATH.tmp` (an earlier image at `path` is kept), and the error names such LPNs (the first 16).
     pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
         use std::io::{Seek, SeekFrom};
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -334,7 +334,8 @@ impl Device {
         let mut unreadable = Vec::new();
         for lpn in 0..self.size_bytes / self.page_bytes as u64 {
             if let Err(e) = self.store.read(lpn, &mut page) {
-                unreadable.push((lpn, e));
+                // The error names the LPN.
+                unreadable.push(e);
                 continue;
             }
             if page.iter().any(|&b| b != 0) {
@@ -350,7 +351,7 @@ impl Device {
             let mut named: Vec<String> = unreadable
                 .iter()
                 .take(NAMED)
-                .map(|(_, e)| e.to_string())
+                .map(|e| e.to_string())
                 .collect();
             if unreadable.len() > NAMED {
                 named.push(format!("and {} more", unreadable.len() - NAMED));
