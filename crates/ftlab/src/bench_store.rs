@@ -306,54 +306,75 @@ fn lz4_store_vs_raw(corpus: &Corpus) -> (f64, f64, PageStore, CodecRow) {
     )
 }
 
-/// Raw lz4_flex compression of the corpus on 1 and 2 rayon threads: how far this machine's
-/// two cores scale at all, the ceiling for the store's batched writes.
+/// Pages a batch write takes in the scaling measurements.
+const BATCH_PAGES: usize = 256;
+/// Batches timed on one pool before the other pool takes the same ones: 16 MiB, a fraction of
+/// a second, so both pools see the same machine (this VM's speed drifts over seconds; timing
+/// each pool over the whole corpus in turn swung the ratio from 1.5 to 2.1 between runs).
+const SLICE_BATCHES: usize = 16;
+
+/// Times `work(pool, slice)` on a 1-thread and a 2-thread rayon pool, slice by slice of the
+/// corpus, the pools taking turns in ABBA order; returns the total seconds of each.
+fn interleaved_1_and_2_threads(
+    corpus: &Corpus,
+    work: impl Fn(usize, std::ops::Range<usize>) -> Result<()> + Sync,
+) -> Result<[f64; 2]> {
+    let pools = [1, 2].map(|threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build());
+    let [Ok(one), Ok(two)] = pools else {
+        anyhow::bail!("building a thread pool");
+    };
+    let pools = [one, two];
+    let mut secs = [0f64; 2];
+    let slice_pages = SLICE_BATCHES * BATCH_PAGES;
+    for (k, start) in (0..corpus.pages()).step_by(slice_pages).enumerate() {
+        let pages = start..(start + slice_pages).min(corpus.pages());
+        let order = if k % 2 == 0 { [0, 1] } else { [1, 0] };
+        for p in order {
+            let t = Instant::now();
+            pools[p].install(|| work(p, pages.clone()))?;
+            secs[p] += t.elapsed().as_secs_f64();
+        }
+    }
+    Ok(secs)
+}
+
+/// Raw lz4_flex compression of the corpus in the same batches on 1 and 2 rayon threads: how far
+/// this machine's two cores scale at all, the ceiling for the store's batched writes.
 fn raw_lz4_scaling(corpus: &Corpus) -> Result<f64> {
     use rayon::prelude::*;
-    let mut rates = Vec::new();
-    for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()?;
-        let start = Instant::now();
-        let total: usize = pool.install(|| {
-            corpus
-                .data
+    let secs = interleaved_1_and_2_threads(corpus, |_, pages| {
+        for batch in corpus.data[pages.start * PAGE..pages.end * PAGE].chunks(BATCH_PAGES * PAGE) {
+            let total: usize = batch
                 .par_chunks(PAGE)
                 .map_init(
                     || vec![0u8; lz4_flex::block::get_maximum_output_size(PAGE)],
                     |out, page| lz4_flex::block::compress_into(page, out).expect("compress"),
                 )
-                .sum()
-        });
-        std::hint::black_box(total);
-        rates.push(mb_s(corpus.data.len(), start.elapsed().as_secs_f64()));
-    }
-    Ok(rates[1] / rates[0])
+                .sum();
+            std::hint::black_box(total);
+        }
+        Ok(())
+    })?;
+    Ok(secs[0] / secs[1])
 }
 
-/// Batched LZ4 writes (256 pages a batch) into a fresh store on 1 and 2 rayon threads,
-/// alternating three times; the best of each.
+/// Batched LZ4 writes (256 pages a batch) into a fresh store on 1 and 2 rayon threads, taking
+/// turns slice by slice (`interleaved_1_and_2_threads`).
 fn batch_scaling(corpus: &Corpus) -> Result<(f64, f64, f64)> {
     let lpns: Vec<u64> = (0..corpus.pages() as u64).collect();
-    let mut best = [0f64; 2];
-    for _ in 0..3 {
-        for (slot, threads) in [1, 2].into_iter().enumerate() {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()?;
-            let s = store(Codec::Lz4);
-            let secs = pool.install(|| -> Result<f64> {
-                let start = Instant::now();
-                for (chunk, data) in lpns.chunks(256).zip(corpus.data.chunks(256 * PAGE)) {
-                    s.write_batch(chunk, data)?;
-                }
-                Ok(start.elapsed().as_secs_f64())
-            })?;
-            best[slot] = best[slot].max(mb_s(corpus.data.len(), secs));
+    let stores = [store(Codec::Lz4), store(Codec::Lz4)];
+    let secs = interleaved_1_and_2_threads(corpus, |p, pages| {
+        let data = &corpus.data[pages.start * PAGE..pages.end * PAGE];
+        for (chunk, data) in lpns[pages]
+            .chunks(BATCH_PAGES)
+            .zip(data.chunks(BATCH_PAGES * PAGE))
+        {
+            stores[p].write_batch(chunk, data)?;
         }
-    }
-    Ok((best[0], best[1], best[1] / best[0]))
+        Ok(())
+    })?;
+    let [one, two] = secs.map(|s| mb_s(corpus.data.len(), s));
+    Ok((one, two, two / one))
 }
 
 /// Kernel zram with lz4 on the same pages, through /dev/zram0 with O_DIRECT, 1 MiB requests.
