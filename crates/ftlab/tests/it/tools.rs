@@ -307,6 +307,11 @@ fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
         assert!(before.lines().count() > 100);
         assert!(before == after, "file checksums differ after remount");
     });
+    // After a failure the file system may still be mounted, which would keep the loop device
+    // and the FUSE mount busy (left behind on the machine).
+    if result.is_err() {
+        let _ = Command::new("umount").arg(&mnt).status();
+    }
     let _ = Command::new("losetup").args(["-d", &loop_dev]).status();
     let _ = Command::new("fusermount3")
         .arg("-u")
