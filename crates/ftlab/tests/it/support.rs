@@ -22,8 +22,16 @@ pub fn trace(name: &str) -> PathBuf {
     shared().join("traces").join(name)
 }
 
+/// A directory for one test (a test and its helpers share it by name). The path holds the
+/// process id, which the system reuses: what an earlier run left there (a socket still in it
+/// made a test fail with "address in use") is cleared the first time a process asks for it.
 pub fn temp_dir(name: &str) -> PathBuf {
+    static CLEARED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let dir = std::env::temp_dir().join(format!("ftlab-test-{}-{name}", std::process::id()));
+    if CLEARED.lock().unwrap().insert(name.to_string()) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
