@@ -15,12 +15,24 @@ pub const NAMES: [&str; CLASSES] = ["text", "binary"];
 /// `TEXT` when at least 90 % of the page's bytes are printable ASCII or whitespace.
 #[inline]
 pub fn of(page: &[u8]) -> usize {
-    // A plain count the compiler vectorises: a fraction of a microsecond per 4 KiB, against
-    // tens for the zstd compression that follows.
-    let printable = page
+    // Counted in blocks of 128 bytes into a byte-wide counter, in a form the compiler turns
+    // into vector compares and adds: about 0.1 us per 4 KiB, where `filter(..).count()` over
+    // the two ranges took 3.3 us (a sixth of the zstd compression that follows).
+    let is_printable =
+        |b: u8| u8::from(b.wrapping_sub(b' ') < 95) | u8::from(b.wrapping_sub(b'\t') < 5);
+    let blocks = page.chunks_exact(128);
+    let mut printable = blocks
+        .remainder()
         .iter()
-        .filter(|&&b| matches!(b, b'\t'..=b'\r' | b' '..=b'~'))
-        .count();
+        .map(|&b| usize::from(is_printable(b)))
+        .sum::<usize>();
+    for block in blocks {
+        let mut n = 0u8;
+        for &b in block {
+            n += is_printable(b);
+        }
+        printable += usize::from(n);
+    }
     if printable * 10 >= page.len() * 9 {
         TEXT
     } else {
@@ -48,5 +60,34 @@ mod tests {
         assert_eq!(of(&edge), TEXT);
         edge[899] = 0;
         assert_eq!(of(&edge), BINARY);
+    }
+
+    #[test]
+    fn the_blocked_count_agrees_with_a_plain_one() {
+        let mut rng = crate::rng::SplitMix64::new(9);
+        for _ in 0..2000 {
+            let len = rng.bounded(5000) as usize + 1;
+            // Mostly printable bytes with a varying share of others, near the 90 % line.
+            let other_pct = rng.bounded(25);
+            let page: Vec<u8> = (0..len)
+                .map(|_| {
+                    if rng.bounded(100) < other_pct {
+                        rng.bounded(256) as u8
+                    } else {
+                        32 + rng.bounded(95) as u8
+                    }
+                })
+                .collect();
+            let printable = page
+                .iter()
+                .filter(|&&b| matches!(b, b'\t'..=b'\r' | b' '..=b'~'))
+                .count();
+            let want = if printable * 10 >= len * 9 {
+                TEXT
+            } else {
+                BINARY
+            };
+            assert_eq!(of(&page), want, "len {len}, {printable} printable");
+        }
     }
 }
