@@ -319,11 +319,8 @@ fn interleaved_1_and_2_threads(
     corpus: &Corpus,
     work: impl Fn(usize, std::ops::Range<usize>) -> Result<()> + Sync,
 ) -> Result<[f64; 2]> {
-    let pools = [1, 2].map(|threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build());
-    let [Ok(one), Ok(two)] = pools else {
-        anyhow::bail!("building a thread pool");
-    };
-    let pools = [one, two];
+    let pool = |threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+    let pools = [pool(1)?, pool(2)?];
     let mut secs = [0f64; 2];
     let slice_pages = SLICE_BATCHES * BATCH_PAGES;
     for (k, start) in (0..corpus.pages()).step_by(slice_pages).enumerate() {

@@ -480,25 +480,35 @@ fn log_page(seed: u64) -> Vec<u8> {
     p
 }
 
-#[test]
-fn text_pages_get_a_dictionary_of_their_own_on_a_mostly_binary_device() {
-    // 90 % binary record pages, 10 % log pages. One dictionary trained over the mix learned
-    // mostly records and made the log pages 25 % larger than plain zstd did; the text class's
-    // own dictionary, from the log pages alone, makes them about 26 % smaller.
-    let mut rng = SplitMix64::new(3);
+/// A zstd-dict store with 128 KiB of dictionary holding 3000 pages: a log page at every LPN
+/// that is a multiple of `text_every`, binary record pages elsewhere (tokens drawn with `seed`).
+fn mixed_device(seed: u64, text_every: u64) -> (PageStore, Vec<Vec<u8>>) {
+    let mut rng = SplitMix64::new(seed);
     let tokens: Vec<[u8; 8]> = (0..20_000).map(|_| rng.next_u64().to_le_bytes()).collect();
     let mut config = StoreConfig::new(4096, Codec::ZstdDict { level: 3 });
     config.dictionary_bytes = 128 << 10;
     let store = PageStore::new(config).unwrap();
     let pages: Vec<Vec<u8>> = (0..3000u64)
         .map(|i| {
-            if i % 10 == 0 {
+            if i.is_multiple_of(text_every) {
                 log_page(i)
             } else {
                 record_page(i, &tokens)
             }
         })
         .collect();
+    for (i, p) in pages.iter().enumerate() {
+        store.write(i as u64, p).unwrap();
+    }
+    (store, pages)
+}
+
+#[test]
+fn text_pages_get_a_dictionary_of_their_own_on_a_mostly_binary_device() {
+    // 90 % binary record pages, 10 % log pages. One dictionary trained over the mix learned
+    // mostly records and made the log pages 25 % larger than plain zstd did; the text class's
+    // own dictionary, from the log pages alone, makes them about 26 % smaller.
+    let (store, pages) = mixed_device(3, 10);
     let text_bytes = |store: &PageStore| {
         let before = store.stats().compr_data_size;
         for (i, p) in pages.iter().enumerate().filter(|(i, _)| i % 10 == 0) {
@@ -507,9 +517,6 @@ fn text_pages_get_a_dictionary_of_their_own_on_a_mostly_binary_device() {
         // Rewriting a page replaces it: the growth is that page's new size minus its old.
         store.stats().compr_data_size as i64 - before as i64
     };
-    for (i, p) in pages.iter().enumerate() {
-        store.write(i as u64, p).unwrap();
-    }
     let plain: u64 = pages
         .iter()
         .step_by(10)
@@ -536,24 +543,8 @@ fn a_class_too_small_for_a_dictionary_stays_plain_zstd() {
     // 2.5 % log pages: their share of 128 KiB (3.2 KiB) is under the smallest dictionary worth
     // training, so they get none, and rewriting them after the training stores exactly what
     // plain zstd did. (Using the binary class's dictionary instead made such pages larger.)
-    let mut rng = SplitMix64::new(4);
-    let tokens: Vec<[u8; 8]> = (0..20_000).map(|_| rng.next_u64().to_le_bytes()).collect();
-    let mut config = StoreConfig::new(4096, Codec::ZstdDict { level: 3 });
-    config.dictionary_bytes = 128 << 10;
-    let store = PageStore::new(config).unwrap();
+    let (store, pages) = mixed_device(4, 40);
     let is_text = |i: u64| i.is_multiple_of(40);
-    let pages: Vec<Vec<u8>> = (0..3000u64)
-        .map(|i| {
-            if is_text(i) {
-                log_page(i)
-            } else {
-                record_page(i, &tokens)
-            }
-        })
-        .collect();
-    for (i, p) in pages.iter().enumerate() {
-        store.write(i as u64, p).unwrap();
-    }
     let trained = store.train_dictionary().unwrap();
     assert!(trained > 0 && trained <= 128 << 10, "{trained}");
     let before = store.stats().compr_data_size;
