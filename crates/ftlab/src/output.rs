@@ -1,34 +1,55 @@
 //! Files named on the command line for results (`--json`, `--csv`): opened before the work
 //! that fills them, so that a path that cannot be written fails in the first second, not after
 //! a run of minutes. An existing file is replaced only when its new contents are ready: a run
-//! that fails leaves the old report as it was (and removes a file it created).
+//! that fails leaves the old report as it was (and creates none), and the new contents are
+//! written to `PATH.tmp` and renamed over `PATH`, so that a crash or a full disk while writing
+//! never leaves a short report where a whole one was. A path that is not a regular file
+//! (`/dev/stdout`, a FIFO) is written in place: renaming over it would replace the device.
 
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub struct Output {
+    /// Where the contents end up (a symbolic link's target, so that the link stays).
     path: PathBuf,
+    /// What the contents are written to: `tmp` when there is one, else `path` itself.
     file: std::fs::File,
-    /// This run created the file, which holds nothing yet.
-    created_empty: bool,
+    /// `PATH.tmp`, created by this run, renamed over `path` once written (None for a path that
+    /// is not a regular file, written in place).
+    tmp: Option<PathBuf>,
 }
 
 impl Output {
-    /// Opens `path` for writing, without truncating it; `what` names it in errors ("the JSON
-    /// report").
+    /// Checks that `path` can be written and opens what the contents will go to; `what` names
+    /// it in errors ("the JSON report").
     pub fn open(path: &Path, what: &str) -> Result<Output> {
-        let existed = path.exists();
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("cannot write {what} to {}", path.display()))?;
+        let cannot = || format!("cannot write {what} to {}", path.display());
+        let path = match std::fs::metadata(path) {
+            Ok(m) => {
+                // Written into (or, when regular, replaced): either way it must be writable now.
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .with_context(cannot)?;
+                if !m.file_type().is_file() {
+                    return Ok(Output {
+                        path: path.to_path_buf(),
+                        file,
+                        tmp: None,
+                    });
+                }
+                std::fs::canonicalize(path).with_context(cannot)?
+            }
+            Err(_) => path.to_path_buf(),
+        };
+        let tmp = ftlab::server::tmp_path_beside(&path);
+        let file = std::fs::File::create(&tmp)
+            .with_context(|| format!("{}: cannot create {}", cannot(), tmp.display()))?;
         Ok(Output {
-            path: path.to_path_buf(),
+            path,
             file,
-            created_empty: !existed,
+            tmp: Some(tmp),
         })
     }
 
@@ -37,20 +58,114 @@ impl Output {
         path.map(|p| Output::open(p, what)).transpose()
     }
 
-    /// Replaces the file's contents with `bytes`.
+    /// Makes `bytes` the file's contents.
     pub fn write(mut self, bytes: &[u8]) -> Result<()> {
-        let context = || format!("writing {}", self.path.display());
-        self.file.set_len(0).with_context(context)?;
+        let written = self.tmp.as_ref().unwrap_or(&self.path);
+        let context = || format!("writing {}", written.display());
         self.file.write_all(bytes).with_context(context)?;
-        self.created_empty = false;
+        if let Some(tmp) = &self.tmp {
+            self.file.sync_all().with_context(context)?;
+            std::fs::rename(tmp, &self.path)
+                .with_context(|| format!("writing {}", self.path.display()))?;
+            self.tmp = None;
+        }
         Ok(())
     }
 }
 
 impl Drop for Output {
     fn drop(&mut self) {
-        if self.created_empty {
-            let _ = std::fs::remove_file(&self.path);
+        // Not renamed: the run failed, or the rename did.
+        if let Some(tmp) = &self.tmp {
+            let _ = std::fs::remove_file(tmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ftlab-output-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_old_contents_stay_until_the_new_are_whole_and_no_tmp_is_left() {
+        let d = dir("replace");
+        let path = d.join("r.json");
+        std::fs::write(&path, "old").unwrap();
+        let out = Output::open(&path, "the report").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old");
+        out.write(b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["r.json"]);
+        // Not written (the run failed): old contents kept, nothing created.
+        drop(Output::open(&path, "the report").unwrap());
+        drop(Output::open(&d.join("fresh.csv"), "the series").unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_symbolic_link_stays_a_link_and_its_target_gets_the_contents() {
+        let d = dir("link");
+        let target = d.join("target.json");
+        std::fs::write(&target, "old").unwrap();
+        let link = d.join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        Output::open(&link, "the report")
+            .unwrap()
+            .write(b"new")
+            .unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_is_written_in_place_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = dir("fifo");
+        let fifo = d.join("out");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        Output::open(&fifo, "the report")
+            .unwrap()
+            .write(b"through")
+            .unwrap();
+        assert_eq!(reader.join().unwrap(), b"through");
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_read_only_report_is_refused_before_the_run() {
+        let d = dir("readonly");
+        let path = d.join("r.json");
+        std::fs::write(&path, "old").unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        perms.set_readonly(true);
+        std::fs::set_permissions(&path, perms).unwrap();
+        // Root may write anything: the check is then the open itself, which succeeds.
+        let is_root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(Output::open(&path, "the report").is_ok(), is_root);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -57,6 +57,19 @@ fn sim_writes_a_json_report_with_the_documented_keys() {
     assert!(std::fs::read_to_string(&csv)
         .unwrap()
         .starts_with("end_ns,host_write_pages"));
+    // Into a pipe (`--json /dev/stdout | jq`): written in place, not truncated nor replaced.
+    let (ok, stdout, stderr) = ftlab(&[
+        "sim",
+        "-q",
+        "--set",
+        "workload.requests=2000",
+        "--json",
+        "/dev/stdout",
+    ]);
+    assert!(ok, "{stderr}");
+    let start = stdout.find('{').expect("the report on stdout");
+    let v: serde_json::Value = serde_json::from_str(&stdout[start..]).unwrap();
+    assert_eq!(v["host_write_pages"], 2000);
 }
 
 #[test]
