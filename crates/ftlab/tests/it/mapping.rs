@@ -10,6 +10,9 @@ use proptest::prelude::*;
 /// Three whole groups and a partial one: every boundary is exercised.
 const LPNS: u32 = 3 * GROUP_LPNS as u32 + 123;
 
+/// PPNs of `Pattern::Recycled`: a device of 2^14 pages.
+const RECYCLED_PPNS: u64 = 1 << 14;
+
 #[derive(Clone, Debug)]
 enum Pattern {
     /// `count` pages from `lpn` upward, PPNs from the log head (a sequential write).
@@ -41,6 +44,13 @@ enum Pattern {
         lpn: u32,
         count: u32,
     },
+    /// `count` pages from `lpn` upward with PPNs drawn from a small device's worth (as a
+    /// simulator with garbage collection reuses them): updates that fit a group's blob in place.
+    Recycled {
+        lpn: u32,
+        count: u32,
+        seed: u64,
+    },
 }
 
 fn pattern() -> impl Strategy<Value = Pattern> {
@@ -51,6 +61,7 @@ fn pattern() -> impl Strategy<Value = Pattern> {
         4 => (0..LPNS).prop_map(|lpn| Pattern::Random { lpn }),
         1 => (0..LPNS, 0..u32::MAX).prop_map(|(lpn, ppn)| Pattern::RandomPpn { lpn, ppn }),
         2 => (0..LPNS, 1..2500u32).prop_map(|(lpn, count)| Pattern::Trim { lpn, count }),
+        2 => (0..LPNS, 1..3000u32, any::<u64>()).prop_map(|(lpn, count, seed)| Pattern::Recycled { lpn, count, seed }),
     ]
 }
 
@@ -88,6 +99,12 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
             Pattern::Trim { lpn, count } => {
                 for l in lpn..(lpn + count).min(LPNS) {
                     ops.push((l, None));
+                }
+            }
+            Pattern::Recycled { lpn, count, seed } => {
+                let mut rng = ftlab::rng::SplitMix64::new(seed);
+                for l in lpn..(lpn + count).min(LPNS) {
+                    ops.push((l, Some(rng.bounded(RECYCLED_PPNS) as u32)));
                 }
             }
         }
@@ -158,6 +175,31 @@ fn uniformly_random_ppns_cost_at_most_four_and_a_half_bytes() {
     let per = t.heap_bytes() as f64 / t.live_mappings() as f64;
     eprintln!("uniformly random 32-bit PPNs: {per:.4} bytes per mapping");
     assert!(per <= 4.5, "{per} bytes per mapping");
+}
+
+/// Random overwrites with PPNs a simulator would reuse: most go into the groups' blobs in
+/// place (a packed residual, a one-point segment), through `set` and `relocate` alike, and every
+/// mapping reads back.
+#[test]
+fn random_overwrites_of_reused_ppns_go_in_place_and_read_back() {
+    const N: u32 = 1 << 16;
+    let mut rng = ftlab::rng::SplitMix64::new(7);
+    let mut ops: Vec<(u32, Option<u32>)> = (0..N)
+        .map(|lpn| (lpn, Some(rng.bounded(1 << 18) as u32)))
+        .collect();
+    ops.extend((0..200_000).map(|_| {
+        (
+            rng.bounded(u64::from(N)) as u32,
+            Some(rng.bounded(1 << 18) as u32),
+        )
+    }));
+    let mut t = LearnedMapping::new(u64::from(N));
+    oracle::check_table(&mut t, &ops, N, |_, _| {});
+    let in_place = t.stats().in_place;
+    assert!(
+        in_place > 150_000,
+        "{in_place} of 200000 overwrites in place"
+    );
 }
 
 #[test]

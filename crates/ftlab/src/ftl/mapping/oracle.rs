@@ -91,7 +91,8 @@ pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64) {
 }
 
 /// Decodes fuzzer bytes into operations over `lpns` LPNs: 7 bytes per op (kind, lpn, ppn);
-/// kinds write runs, strided runs, single pages with arbitrary PPNs, or trims.
+/// kinds write runs, strided runs, single pages with arbitrary PPNs, trims, or runs of pages
+/// with PPNs from a small pool (reused as a simulator reuses them: updates that go in place).
 pub fn ops_from_bytes(data: &[u8], lpns: u32) -> Vec<(u32, Option<u32>)> {
     let mut ops = Vec::new();
     let mut head = 0u32;
@@ -99,7 +100,7 @@ pub fn ops_from_bytes(data: &[u8], lpns: u32) -> Vec<(u32, Option<u32>)> {
         let lpn = u32::from(u16::from_le_bytes([c[1], c[2]])) % lpns;
         let x = u32::from_le_bytes([c[3], c[4], c[5], c[6]]);
         let count = 1 + x % 512;
-        match c[0] % 4 {
+        match c[0] % 5 {
             0 => {
                 for l in lpn..(lpn + count).min(lpns) {
                     ops.push((l, Some(head)));
@@ -117,7 +118,14 @@ pub fn ops_from_bytes(data: &[u8], lpns: u32) -> Vec<(u32, Option<u32>)> {
                 }
             }
             2 => ops.push((lpn, Some(x.min(u32::MAX - 1)))),
-            _ => ops.extend((lpn..(lpn + count).min(lpns)).map(|l| (l, None))),
+            3 => ops.extend((lpn..(lpn + count).min(lpns)).map(|l| (l, None))),
+            _ => {
+                let mut y = x;
+                for l in lpn..(lpn + count % 64).min(lpns) {
+                    y = y.wrapping_mul(747796405).wrapping_add(2891336453);
+                    ops.push((l, Some(y >> 20)));
+                }
+            }
         }
     }
     ops

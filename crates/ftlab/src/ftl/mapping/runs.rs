@@ -117,6 +117,13 @@ pub fn lookup<R: Run>(runs: &[R], key: u32) -> Option<u32> {
     (d < r.len()).then(|| R::advance(r.value(), d))
 }
 
+/// Whether a run covers `key` (`span` bounds the keys, as for `upper_spread`).
+#[inline]
+pub fn covers<R: Run>(runs: &[R], key: u32, span: u32) -> bool {
+    let i = upper_spread(runs, key, span);
+    i > 0 && key - runs[i - 1].start() < runs[i - 1].len()
+}
+
 /// Maps `key` to `value` (`None`: uncovers `key`), splitting and coalescing runs so that no two
 /// adjacent runs could be one. Returns the previous value.
 pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option<u32> {

@@ -65,6 +65,16 @@ fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
     (word >> (bit % 8)) & ((1u64 << width) - 1)
 }
 
+/// Overwrites the `width` (<= 56) bits starting `bit` bits after byte `at` with `value`.
+#[inline]
+fn wr_bits(b: &mut [u8], at: usize, bit: u64, width: u32, value: u64) {
+    let p = at + (bit / 8) as usize;
+    let word: &mut [u8; 8] = (&mut b[p..p + 8]).try_into().expect("8 bytes");
+    let mask = ((1u64 << width) - 1) << (bit % 8);
+    let old = u64::from_le_bytes(*word);
+    *word = ((old & !mask) | ((value << (bit % 8)) & mask)).to_le_bytes();
+}
+
 /// Appends little-endian bit fields to a byte vector.
 struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
@@ -231,6 +241,81 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
     if rd16(b, 0) & RUNS_FLAG != 0 {
         return runs_lookup(b, off);
     }
+    let p = match place(b, off) {
+        Ok(p) => p,
+        Err(hole) => return hole,
+    };
+    let ppn = p.ppn(b);
+    let (lo, hi) = if p.slope == 1 << fit::SLOPE_FRAC_BITS && p.width == 0 {
+        let rank = p.seg_first + p.dx;
+        (
+            p.start.max(off - p.dx),
+            (p.start + p.len).min(off + (p.seg_end(b) - rank)),
+        )
+    } else {
+        (off, off + 1)
+    };
+    Lookup {
+        ppn: Some(ppn),
+        lo,
+        hi,
+    }
+}
+
+/// Where a segment blob keeps one mapped offset's PPN.
+struct Place {
+    h: Header,
+    /// The run of mapped offsets holding it: `start..start + len`.
+    start: u32,
+    len: u32,
+    /// Its segment, the segment's first rank, and its distance from it.
+    j: usize,
+    seg_first: u32,
+    dx: u32,
+    base: i64,
+    slope: i32,
+    width: u32,
+    /// Bit position of its residual after the residuals' start.
+    res_bit: u64,
+}
+
+impl Place {
+    fn seg_at(&self) -> usize {
+        HEADER_BYTES + 4 * self.h.n_intervals
+    }
+
+    /// The rank after the segment's last.
+    fn seg_end(&self, b: &[u8]) -> u32 {
+        if self.j + 1 < self.h.n_segments {
+            rd16(b, self.seg_at() + 2 * (self.j + 1))
+        } else {
+            self.h.live
+        }
+    }
+
+    #[inline]
+    fn ppn(&self, b: &[u8]) -> u32 {
+        let residual = rd_bits(b, self.h.residuals_at(), self.res_bit, self.width);
+        (predict(self.base, self.slope, self.dx) + residual as i64) as u32
+    }
+}
+
+/// The PPN at distance `dx` from the start of segment `j` of a segment blob.
+#[inline]
+fn segment_ppn(b: &[u8], h: &Header, j: usize, dx: u32) -> u32 {
+    let (base, slope, width, res_off) = h.record(b, j);
+    let residual = rd_bits(
+        b,
+        h.residuals_at(),
+        res_off + u64::from(dx) * u64::from(width),
+        width,
+    );
+    (predict(base, slope, dx) + residual as i64) as u32
+}
+
+/// Finds mapped offset `off` in a segment blob (not a run list), or the hole around it.
+#[inline]
+fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
     let h = Header::read(b);
     // The run of mapped offsets holding `off`: [start, start + len), ranks from `rank0`.
     let (start, len, rank0) = if h.n_intervals == 0 {
@@ -244,12 +329,9 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
                 h.live
             }
         };
-        let (i, start, len) = match find_run(b, HEADER_BYTES, h.n_intervals, off, |i| {
+        let (i, start, len) = find_run(b, HEADER_BYTES, h.n_intervals, off, |i| {
             rank(i + 1) - rank(i)
-        }) {
-            Ok(found) => found,
-            Err(hole) => return hole,
-        };
+        })?;
         (start, len, rank(i))
     };
     let rank = rank0 + (off - start);
@@ -258,31 +340,97 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
     let seg_first = rd16(b, seg_at + 2 * j);
     let dx = rank - seg_first;
     let (base, slope, width, res_off) = h.record(b, j);
-    let residual = rd_bits(
-        b,
-        h.residuals_at(),
-        res_off + u64::from(dx) * u64::from(width),
+    Ok(Place {
+        h,
+        start,
+        len,
+        j,
+        seg_first,
+        dx,
+        base,
+        slope,
         width,
-    );
-    let ppn = (predict(base, slope, dx) + residual as i64) as u32;
-    let (lo, hi) = if slope == 1 << fit::SLOPE_FRAC_BITS && width == 0 {
-        let seg_end = if j + 1 < h.n_segments {
-            rd16(b, seg_at + 2 * (j + 1))
-        } else {
-            h.live
+        res_bit: res_off + u64::from(dx) * u64::from(width),
+    })
+}
+
+/// Changes mapped offset `off` to `ppn` inside the blob, when the blob can hold the new value in
+/// the bits the old one took: a residual of a packed segment that stays within its width, or
+/// the PPN of a one-page run in a run list. False (the blob untouched) otherwise, and also when
+/// the new PPN would continue a neighbour's: a merge then re-encodes the group, so that a group
+/// that turns sequential shrinks instead of keeping its random layout.
+pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
+    if rd16(b, 0) & RUNS_FLAG != 0 {
+        let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
+        let (offs_at, lens_at, ppns_at) = (2, 2 + 2 * n, 2 + 4 * n);
+        let Ok((i, _, 1)) = find_run(b, offs_at, n, off, |i| rd16(b, lens_at + 2 * i)) else {
+            return false;
         };
-        (
-            start.max(off - dx),
-            (start + len).min(off + (seg_end - rank)),
-        )
-    } else {
-        (off, off + 1)
-    };
-    Lookup {
-        ppn: Some(ppn),
-        lo,
-        hi,
+        let run = |i: usize| {
+            (
+                rd16(b, offs_at + 2 * i),
+                rd16(b, lens_at + 2 * i),
+                rd_bits(b, ppns_at + 4 * i, 0, 32) as u32,
+            )
+        };
+        let joins_left = i > 0 && {
+            let (o, l, p) = run(i - 1);
+            o + l == off && p.wrapping_add(l) == ppn
+        };
+        let joins_right = i + 1 < n && {
+            let (o, _, p) = run(i + 1);
+            o == off + 1 && ppn.wrapping_add(1) == p
+        };
+        if joins_left || joins_right {
+            return false;
+        }
+        b[ppns_at + 4 * i..ppns_at + 4 * i + 4].copy_from_slice(&ppn.to_le_bytes());
+        return true;
     }
+    let Ok(p) = place(b, off) else {
+        return false;
+    };
+    // Where the new value goes: the residual of a packed segment, or the base of a segment of
+    // one point (any slope predicts its base there).
+    let (at, bit, width, value) = if p.width > 0 {
+        let residual = i64::from(ppn) - predict(p.base, p.slope, p.dx);
+        if residual < 0 || residual >= 1 << p.width {
+            return false;
+        }
+        (p.h.residuals_at(), p.res_bit, p.width, residual as u64)
+    } else if p.seg_end(b) - p.seg_first == 1 {
+        let field = i64::from(ppn) - p.h.base_min;
+        if field < 0 || field >= 1 << p.h.w_base {
+            return false;
+        }
+        let bit = p.j as u64 * p.h.record_bits();
+        (p.h.records_at(), bit, p.h.w_base, field as u64)
+    } else {
+        return false;
+    };
+    // The ranks before and after: in this segment, or at the end of the one before and the
+    // start of the one after.
+    let seg_end = p.seg_end(b);
+    let left = match (p.dx, p.j) {
+        (0, 0) => None,
+        (0, j) => {
+            let first = rd16(b, p.seg_at() + 2 * (j - 1));
+            Some(segment_ppn(b, &p.h, j - 1, p.seg_first - 1 - first))
+        }
+        (dx, j) => Some(segment_ppn(b, &p.h, j, dx - 1)),
+    };
+    let right = if p.seg_first + p.dx + 1 < seg_end {
+        Some(segment_ppn(b, &p.h, p.j, p.dx + 1))
+    } else {
+        (p.j + 1 < p.h.n_segments).then(|| segment_ppn(b, &p.h, p.j + 1, 0))
+    };
+    let joins_left = left.is_some_and(|l| l.wrapping_add(1) == ppn);
+    let joins_right = right.is_some_and(|r| r == ppn.wrapping_add(1));
+    if joins_left || joins_right {
+        return false;
+    }
+    wr_bits(b, at, bit, width, value);
+    true
 }
 
 fn runs_lookup(b: &[u8], off: u32) -> Lookup {
@@ -755,9 +903,15 @@ mod tests {
         let len = blob.len();
         assert_eq!(encoded_len(&blob), len);
         blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+        check_blob(&blob, dense);
+        blob.len()
+    }
+
+    /// Every lookup and the decoded runs of `blob` agree with `dense`.
+    fn check_blob(blob: &[u8], dense: &[u32]) {
         for (off, &ppn) in dense.iter().enumerate() {
             let expect = (ppn != UNMAPPED).then_some(ppn);
-            let l = lookup(&blob, off as u32);
+            let l = lookup(blob, off as u32);
             assert_eq!(l.ppn, expect, "offset {off}");
             assert!(l.lo <= off as u32 && (off as u32) < l.hi && l.hi as usize <= GROUP_LPNS);
             // Every offset of the span continues the answer.
@@ -770,7 +924,7 @@ mod tests {
             }
         }
         let mut runs = Vec::new();
-        decode_runs(&blob, &mut runs);
+        decode_runs(blob, &mut runs);
         let mut from_runs = vec![UNMAPPED; dense.len()];
         for &(o, l, p) in &runs {
             for k in 0..u32::from(l) {
@@ -784,10 +938,81 @@ mod tests {
             assert!(!(u32::from(o) + u32::from(l) == u32::from(o2) && p + u32::from(l) == p2));
         }
         assert_eq!(
-            live(&blob) as usize,
+            live(blob) as usize,
             dense.iter().filter(|&&p| p != UNMAPPED).count()
         );
-        blob.len()
+    }
+
+    #[test]
+    fn updates_in_place_read_back_and_leave_refused_blobs_untouched() {
+        let g = GROUP_LPNS as u32;
+        let mut rng = crate::rng::SplitMix64::new(5);
+        let mut next = |m: u64| rng.bounded(m) as u32;
+        // Shapes a device's groups take: PPNs scattered over 2^20 pages (packed residuals),
+        // short runs with holes (one-point and exact segments), a few single pages (a run list),
+        // runs at random places (exact segments only).
+        let scattered: Vec<u32> = (0..g).map(|_| next(1 << 20)).collect();
+        let short_runs: Vec<u32> = (0..g)
+            .map(|i| match i % 7 {
+                0 => UNMAPPED,
+                3 | 4 => 70_000 + i,
+                _ => next(1 << 20),
+            })
+            .collect();
+        let mut few = vec![UNMAPPED; g as usize];
+        for k in 0..9 {
+            few[(k * 301 + 7) as usize] = next(1 << 20);
+        }
+        let long_runs: Vec<u32> = (0..g).map(|i| (i / 512) * 100_000 + i).collect();
+        let mut s = Scratch::default();
+        for (name, mut dense) in [
+            ("scattered", scattered),
+            ("short runs", short_runs),
+            ("few", few),
+            ("long runs", long_runs),
+        ] {
+            let mut blob = encode(&dense, &mut s).expect("mapped").to_vec();
+            let len = blob.len();
+            blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+            let mapped: Vec<u32> = (0..g).filter(|&o| dense[o as usize] != UNMAPPED).collect();
+            let (mut done, mut tried) = (0, 0);
+            for round in 0..3000 {
+                let off = mapped[next(mapped.len() as u64) as usize];
+                // Mostly anywhere; sometimes continuing a neighbour, which must be refused.
+                let (ppn, joins) = match (round % 5, off.checked_sub(1)) {
+                    (0, Some(left)) if dense[left as usize] != UNMAPPED => {
+                        (dense[left as usize] + 1, true)
+                    }
+                    _ => (next(1 << 20), false),
+                };
+                if ppn == dense[off as usize] {
+                    continue;
+                }
+                tried += 1;
+                let before = blob.clone();
+                if update_in_place(&mut blob, off, ppn) {
+                    assert!(
+                        !joins,
+                        "{name}: offset {off} joined its left neighbour in place"
+                    );
+                    dense[off as usize] = ppn;
+                    done += 1;
+                    assert_eq!(encoded_len(&blob), len);
+                    if done % 97 == 0 {
+                        check_blob(&blob, &dense);
+                    }
+                } else {
+                    assert_eq!(blob, before, "{name}: a refused update changed the blob");
+                }
+            }
+            check_blob(&blob, &dense);
+            // Where values are packed (or single pages), most random updates fit; exact
+            // segments take none.
+            match name {
+                "long runs" => assert_eq!(done, 0, "{name}"),
+                _ => assert!(done * 2 > tried, "{name}: {done} of {tried} in place"),
+            }
+        }
     }
 
     #[test]

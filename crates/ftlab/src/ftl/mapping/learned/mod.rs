@@ -139,6 +139,8 @@ struct MergeScratch {
 pub struct LearnedStats {
     pub merges: u64,
     pub merged_entries: u64,
+    /// Updates written into a blob in place (`group::update_in_place`), skipping the buffer.
+    pub in_place: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -391,6 +393,22 @@ impl LearnedMapping {
         self.stats.merged_entries += u64::from(delta.entries);
     }
 
+    /// Writes `ppn` for mapped, unbuffered `lpn` into its group's blob when it fits there: a
+    /// random overwrite then costs one search and a few bits, where the buffer would take an
+    /// insertion and its share of a merge that re-encodes the whole group.
+    #[inline]
+    fn update_in_place(&mut self, lpn: u32, ppn: u32) -> bool {
+        let Some(blob) = self.groups.blob_mut(lpn >> GROUP_SHIFT) else {
+            return false;
+        };
+        if !group::update_in_place(blob, lpn & OFFSET_MASK, ppn) {
+            return false;
+        }
+        self.span.get_mut().forget(lpn);
+        self.stats.in_place += 1;
+        true
+    }
+
     fn remove_mapped(&mut self, lpn: u32, buffered: bool) {
         // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
         // An answer from the compressed layer says it does, without a second search.
@@ -423,8 +441,15 @@ impl MappingTable for LearnedMapping {
 
     fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
         debug_assert_ne!(ppn, TOMBSTONE);
-        let (old, _) = self.lookup(lpn);
+        let (old, buffered) = self.lookup(lpn);
         if old == Some(ppn) {
+            return old;
+        }
+        // Only a lookup that found a span of one LPN can have found a packed residual or a
+        // one-point segment, where a new value may fit; longer spans are exact runs that an
+        // update splits (most updates of a trace's pages: not worth another search).
+        if old.is_some() && !buffered && self.span.get().len == 1 && self.update_in_place(lpn, ppn)
+        {
             return old;
         }
         self.write_delta(lpn, Some(ppn));
@@ -439,6 +464,13 @@ impl MappingTable for LearnedMapping {
         debug_assert_eq!(self.lookup(lpn).0, Some(from));
         debug_assert_ne!(to, TOMBSTONE);
         debug_assert_ne!(from, to);
+        let (g, off) = (lpn >> GROUP_SHIFT, lpn & OFFSET_MASK);
+        let buffered = self
+            .delta(g)
+            .is_some_and(|&d| runs::covers(&self.deltas[d as usize].runs, off, GROUP_LPNS as u32));
+        if !buffered && self.update_in_place(lpn, to) {
+            return;
+        }
         self.write_delta(lpn, Some(to));
         self.merge_while_over_bound();
     }

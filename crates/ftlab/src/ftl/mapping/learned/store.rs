@@ -134,6 +134,12 @@ impl GroupStore {
         (slot != NONE).then(|| &self.arena[slot as usize * ALIGN..])
     }
 
+    /// Group `g`'s blob to change in place (its length must stay the same), if it has one.
+    pub fn blob_mut(&mut self, g: u32) -> Option<&mut [u8]> {
+        let slot = self.slot(g);
+        (slot != NONE).then(|| &mut self.arena[slot as usize * ALIGN..])
+    }
+
     /// A hint that group `g`'s directory entry will be read soon.
     #[inline]
     pub fn prefetch(&self, g: u32) {
