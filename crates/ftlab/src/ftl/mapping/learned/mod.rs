@@ -159,6 +159,9 @@ pub struct LearnedMapping {
     gets: Cell<u64>,
     compressed_gets: Cell<u64>,
     span: Cell<Span>,
+    /// What the last lookup made for an update learned of its LPN's blob (`group::Lookup::room`):
+    /// the PPNs that could go in place. Only a hint (`update_in_place` checks again).
+    room_hint: Cell<(u32, (u32, u32))>,
     stats: LearnedStats,
 }
 
@@ -184,6 +187,7 @@ impl LearnedMapping {
             gets: Cell::new(0),
             compressed_gets: Cell::new(0),
             span: Cell::new(Span::default()),
+            room_hint: Cell::new((0, group::NO_ROOM)),
             stats: LearnedStats::default(),
         }
     }
@@ -207,15 +211,22 @@ impl LearnedMapping {
     /// The current mapping and whether the buffer holds it, without counting a lookup.
     #[inline]
     fn lookup(&self, lpn: u32) -> (Option<u32>, bool) {
+        self.lookup_with::<false>(lpn)
+    }
+
+    /// `lookup`; with `ROOM`, a search of the compressed layer also leaves what the blob could
+    /// take in place in `room_hint`.
+    #[inline]
+    fn lookup_with<const ROOM: bool>(&self, lpn: u32) -> (Option<u32>, bool) {
         let span = self.span.get();
         if let Some(ppn) = span.get(lpn) {
             return (ppn, span.buffered);
         }
-        self.lookup_slow(lpn)
+        self.lookup_slow::<ROOM>(lpn)
     }
 
     /// Searches the buffer, then the compressed layer, and remembers the span found.
-    fn lookup_slow(&self, lpn: u32) -> (Option<u32>, bool) {
+    fn lookup_slow<const ROOM: bool>(&self, lpn: u32) -> (Option<u32>, bool) {
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
         let group_lpn = lpn - off;
@@ -243,11 +254,12 @@ impl LearnedMapping {
             }
         }
         let found = match self.groups.blob(g) {
-            Some(blob) => group::lookup(blob, off),
+            Some(blob) => group::lookup_with::<ROOM>(blob, off),
             None => group::Lookup {
                 ppn: None,
                 lo: 0,
                 hi: GROUP_LPNS as u32,
+                room: group::NO_ROOM,
             },
         };
         let (lo, hi) = (lo.max(found.lo), hi.min(found.hi));
@@ -257,6 +269,9 @@ impl LearnedMapping {
             ppn_lo: found.ppn.map_or(SPAN_UNMAPPED, |p| p - (off - lo)),
             buffered: false,
         });
+        if ROOM {
+            self.room_hint.set((lpn, found.room));
+        }
         (found.ppn, false)
     }
 
@@ -441,14 +456,20 @@ impl MappingTable for LearnedMapping {
 
     fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
         debug_assert_ne!(ppn, TOMBSTONE);
-        let (old, buffered) = self.lookup(lpn);
+        let (old, buffered) = self.lookup_with::<true>(lpn);
         if old == Some(ppn) {
             return old;
         }
-        // Only a lookup that found a span of one LPN can have found a packed residual or a
-        // one-point segment, where a new value may fit; longer spans are exact runs that an
-        // update splits (most updates of a trace's pages: not worth another search).
-        if old.is_some() && !buffered && self.span.get().len == 1 && self.update_in_place(lpn, ppn)
+        // The lookup said whether the blob could take `ppn` in place (a packed residual, a
+        // one-point segment, a one-page run, with room for the value): most updates of a
+        // trace's pages split exact runs or lie past a log-structured group's range, and skip
+        // the attempt's second search.
+        let (hint_lpn, (room_lo, room_hi)) = self.room_hint.get();
+        if old.is_some()
+            && !buffered
+            && hint_lpn == lpn
+            && (room_lo..=room_hi).contains(&ppn)
+            && self.update_in_place(lpn, ppn)
         {
             return old;
         }
