@@ -375,7 +375,8 @@ fn segment_ppn(b: &[u8], h: &Header, j: usize, dx: u32) -> u32 {
     (predict(base, slope, dx) + residual as i64) as u32
 }
 
-/// Finds mapped offset `off` in a segment blob (not a run list), or the hole around it.
+/// Finds mapped offset `off` in a segment blob (not a run list), or the hole around it: the
+/// search `lookup_with` writes out for itself (see there).
 #[inline]
 fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
     let h = Header::read(b);
@@ -415,8 +416,9 @@ fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
 }
 
 /// Changes mapped offset `off` to `ppn` inside the blob, when the blob can hold the new value in
-/// the bits the old one took: a residual of a packed segment that stays within its width, or
-/// the PPN of a one-page run in a run list. False (the blob untouched) otherwise, and also when
+/// the bits the old one took: a residual of a packed segment that stays within its width, the
+/// base of a one-point segment that stays within the base field, or the PPN of a one-page run
+/// in a run list. False (the blob untouched) otherwise, and also when
 /// the new PPN would continue a neighbour's: a merge then re-encodes the group, so that a group
 /// that turns sequential shrinks instead of keeping its random layout.
 pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
