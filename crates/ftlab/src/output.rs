@@ -25,6 +25,7 @@ impl Output {
     /// it in errors ("the JSON report").
     pub fn open(path: &Path, what: &str) -> Result<Output> {
         let cannot = || format!("cannot write {what} to {}", path.display());
+        let mut permissions = None;
         let path = match std::fs::metadata(path) {
             Ok(m) => {
                 // Written into (or, when regular, replaced): either way it must be writable now.
@@ -39,6 +40,7 @@ impl Output {
                         tmp: None,
                     });
                 }
+                permissions = Some(m.permissions());
                 std::fs::canonicalize(path).with_context(cannot)?
             }
             Err(_) => path.to_path_buf(),
@@ -46,11 +48,17 @@ impl Output {
         let tmp = ftlab::server::tmp_path_beside(&path);
         let file = std::fs::File::create(&tmp)
             .with_context(|| format!("{}: cannot create {}", cannot(), tmp.display()))?;
-        Ok(Output {
+        // The replacement keeps the replaced file's mode (a report kept private stays so); made
+        // first so that its drop removes the `.tmp` if that fails.
+        let output = Output {
             path,
             file,
             tmp: Some(tmp),
-        })
+        };
+        if let (Some(p), Some(tmp)) = (permissions, &output.tmp) {
+            std::fs::set_permissions(tmp, p).with_context(cannot)?;
+        }
+        Ok(output)
     }
 
     /// Opens it when given.
@@ -112,6 +120,22 @@ mod tests {
         drop(Output::open(&d.join("fresh.csv"), "the series").unwrap());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_replacement_keeps_the_mode_of_the_replaced_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir("mode");
+        let path = d.join("r.json");
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Output::open(&path, "the report")
+            .unwrap()
+            .write(b"new")
+            .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
