@@ -325,6 +325,12 @@ impl LearnedMapping {
         };
         self.last_delta = (g, d);
         let delta = &mut self.deltas[d as usize];
+        // `assign` adds at most two runs. Growth by doubling would leave up to half of the
+        // buffer's lists spare (counted in the table's bytes); by a quarter it leaves a fifth,
+        // amortised O(1) all the same.
+        if delta.runs.capacity() - delta.runs.len() < 2 {
+            delta.runs.reserve_exact((delta.runs.len() / 4).max(2));
+        }
         let old = runs::assign(&mut delta.runs, off, value);
         match (old, value) {
             (None, Some(_)) => {
