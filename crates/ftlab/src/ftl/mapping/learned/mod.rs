@@ -325,6 +325,17 @@ impl LearnedMapping {
         };
         self.last_delta = (g, d);
         let delta = &mut self.deltas[d as usize];
+        // A sequential write (or trim) continues the group's last buffered run: what `assign`
+        // would find after its search, in two comparisons.
+        if let (Some(last), Some(v)) = (delta.runs.last_mut(), value) {
+            let len = u32::from(last.len);
+            if u32::from(last.off) + len == off && DeltaRun::advance(last.ppn, len) == v {
+                last.len += 1;
+                delta.entries += 1;
+                self.buffered_entries += 1;
+                return;
+            }
+        }
         // `assign` adds at most two runs. Growth by doubling would leave up to half of the
         // buffer's lists spare (counted in the table's bytes); by a quarter it leaves a fifth,
         // amortised O(1) all the same.
