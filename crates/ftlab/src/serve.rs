@@ -94,11 +94,11 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 /// Asks glibc to grow its heaps in steps of 64 MiB. A thread's arena otherwise grows by
 /// `mprotect`-ing exactly what each allocation needs: filling a device with incompressible pages
-/// (one 4 KiB slab each) cost about 260,000 `mprotect` calls per GiB and half the fill's CPU
-/// time: 1.19 s -> 0.70 s per GiB of 4 KiB allocations on a thread, and a fresh `serve` took a
-/// 1 s sequential fio write at 0.84-0.90 GB/s before, 1.35-1.70 GB/s after (this machine).
-/// Padding below the arenas' heap size (64 MiB) left the calls as they were. Untouched pages
-/// cost no memory.
+/// (one 4 KiB slab each) cost about 260,000 `mprotect` calls per GiB: 1.19 s -> 0.70 s per GiB
+/// of 4 KiB allocations on a thread, and a fresh `serve` took a 1 s sequential fio write at
+/// 0.84-0.90 GB/s before, 1.35-1.70 GB/s after (this machine). Padding below the arenas' heap
+/// size (64 MiB) left the calls as they were. Untouched pages cost no memory; the price is that
+/// glibc keeps up to the pad of freed memory per heap when it trims one (after a mass TRIM).
 fn grow_heaps_in_large_steps() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt(3) only sets a tuning parameter.
