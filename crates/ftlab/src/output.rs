@@ -180,16 +180,25 @@ mod tests {
     }
 
     #[test]
-    fn a_read_only_report_is_refused_before_the_run() {
-        let d = dir("readonly");
-        let path = d.join("r.json");
-        std::fs::write(&path, "old").unwrap();
-        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+    fn an_output_that_cannot_be_written_is_refused_at_open_and_leaves_nothing() {
+        let d = dir("refused");
+        // Below a regular file: no `.tmp` can be made there, for root either.
+        let not_a_dir = d.join("r.json");
+        std::fs::write(&not_a_dir, "old").unwrap();
+        let err = Output::open(&not_a_dir.join("x.json"), "the report").err();
+        assert!(
+            err.is_some_and(|e| e.to_string().contains("r.json/x.json")),
+            "refused, naming the path"
+        );
+        // A read-only report (root may write anything, so only others are refused).
+        let mut perms = std::fs::metadata(&not_a_dir).unwrap().permissions();
         perms.set_readonly(true);
-        std::fs::set_permissions(&path, perms).unwrap();
-        // Root may write anything: the check is then the open itself, which succeeds.
+        std::fs::set_permissions(&not_a_dir, perms).unwrap();
+        // SAFETY: geteuid(2) has no preconditions.
         let is_root = unsafe { libc::geteuid() } == 0;
-        assert_eq!(Output::open(&path, "the report").is_ok(), is_root);
+        assert_eq!(Output::open(&not_a_dir, "the report").is_ok(), is_root);
+        assert_eq!(std::fs::read_to_string(&not_a_dir).unwrap(), "old");
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
