@@ -76,7 +76,14 @@ fn median(runs: &mut [(f64, f64)]) -> (f64, f64) {
 
 pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("ftlab-bench-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The sockets go whether the run finished or failed.
+    let result = run_in(&dir, machine, seconds, repeat);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<()> {
     let size: u64 = 1 << 30;
     let ftlab_sock = dir.join("ftlab.sock");
     let nbdkit_sock = dir.join("nbdkit.sock");
@@ -151,6 +158,5 @@ pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
             ci / ni.max(1.0),
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

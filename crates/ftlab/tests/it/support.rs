@@ -1,5 +1,5 @@
 use ftlab::config::{Config, ConfigBuilder};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn config(preset: &str, sets: &[&str]) -> Config {
     let mut b = ConfigBuilder::from_preset(preset).expect("preset");
@@ -22,16 +22,60 @@ pub fn trace(name: &str) -> PathBuf {
     shared().join("traces").join(name)
 }
 
-/// A directory for one test (a test and its helpers share it by name). The path holds the
-/// process id, which the system reuses: what an earlier run left there (a socket still in it
-/// made a test fail with "address in use") is cleared the first time a process asks for it.
-pub fn temp_dir(name: &str) -> PathBuf {
-    static CLEARED: std::sync::Mutex<std::collections::BTreeSet<String>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let dir = std::env::temp_dir().join(format!("ftlab-test-{}-{name}", std::process::id()));
-    if CLEARED.lock().unwrap().insert(name.to_string()) {
-        let _ = std::fs::remove_dir_all(&dir);
+/// A directory for one test, removed when the test ends. Every run once left its directories
+/// behind (a 512 MiB nbdcopy image each time) until the disk filled; now a directory stays only
+/// when its test fails, and its path is printed for the post-mortem.
+pub struct TempDir(tempfile::TempDir);
+
+impl TempDir {
+    pub fn path(&self) -> &Path {
+        self.0.path()
     }
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.disable_cleanup(true);
+            eprintln!("kept {} (the test failed)", self.0.path().display());
+        }
+    }
+}
+
+/// A fresh directory named after the test (`ftlab-test-NAME-XXXXXX` in the system's temp dir).
+pub fn temp_dir(name: &str) -> TempDir {
+    TempDir(
+        tempfile::Builder::new()
+            .prefix(&format!("ftlab-test-{name}-"))
+            .tempdir()
+            .expect("creating a test directory"),
+    )
+}
+
+#[test]
+fn a_test_directory_goes_when_its_test_passes_and_stays_when_it_fails() {
+    let passed = temp_dir("support-pass");
+    let path = passed.join("f");
+    std::fs::write(&path, b"x").unwrap();
+    drop(passed);
+    assert!(!path.exists());
+    let kept = std::thread::spawn(|| {
+        let failed = temp_dir("support-fail");
+        std::fs::write(failed.join("f"), b"x").unwrap();
+        let path = failed.path().to_path_buf();
+        std::panic::panic_any(path);
+    })
+    .join()
+    .unwrap_err()
+    .downcast::<PathBuf>()
+    .unwrap();
+    assert!(kept.join("f").exists());
+    std::fs::remove_dir_all(*kept).unwrap();
 }

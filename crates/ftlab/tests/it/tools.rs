@@ -1,7 +1,7 @@
 //! Real clients against `ftlab serve`: fio with verify, nbdcopy, and ext4 through nbdfuse and a
 //! loop device. A missing tool or kernel feature is a loud SKIPPED line, never a silent pass.
 
-use crate::support::temp_dir;
+use crate::support::{temp_dir, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -17,10 +17,12 @@ fn skip(why: &str) {
     eprintln!("SKIPPED: {why}");
 }
 
-/// `ftlab serve` on a Unix socket; SIGTERM on drop.
+/// `ftlab serve` on a Unix socket in a directory of its own; SIGTERM on drop.
 struct Server {
     child: Child,
     socket: PathBuf,
+    // Dropped after `child` is killed.
+    _dir: TempDir,
 }
 
 impl Server {
@@ -29,7 +31,8 @@ impl Server {
     }
 
     fn start_with(name: &str, logical_bytes: u64, extra: &[&str]) -> Server {
-        let socket = temp_dir(name).join("nbd.sock");
+        let dir = temp_dir(&format!("{name}-server"));
+        let socket = dir.join("nbd.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_ftlab"))
             .args(["serve", "--no-tcp", "--unix"])
             .arg(&socket)
@@ -45,7 +48,11 @@ impl Server {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        Server { child, socket }
+        Server {
+            child,
+            socket,
+            _dir: dir,
+        }
     }
 
     fn uri(&self) -> String {
@@ -118,7 +125,7 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
     for rw in ["randwrite", "randrw"] {
         // In the test's directory: fio leaves its verify state file where it runs.
         let out = run(Command::new("fio")
-            .current_dir(&dir)
+            .current_dir(dir.path())
             .args(["--name=verify", "--ioengine=nbd", "--bs=4k", "--iodepth=16"])
             .arg(format!("--uri={}", server.uri()))
             .arg(format!("--rw={rw}"))
