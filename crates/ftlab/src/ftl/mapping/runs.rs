@@ -127,6 +127,12 @@ pub fn covers<R: Run>(runs: &[R], key: u32, span: u32) -> bool {
 /// Maps `key` to `value` (`None`: uncovers `key`), splitting and coalescing runs so that no two
 /// adjacent runs could be one. Returns the previous value.
 pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option<u32> {
+    assign_at(runs, key, value).0
+}
+
+/// `assign`, also returning the index of the run that holds `key` afterwards (with `value`
+/// `None`: where such a run would go), for `extend_at`'s next try.
+pub fn assign_at<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> (Option<u32>, usize) {
     let i = upper(runs, key);
     let mut at = i;
     let mut old = None;
@@ -136,7 +142,7 @@ pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option
         if d < r.len() {
             let current = R::advance(r.value(), d);
             if value == Some(current) {
-                return Some(current);
+                return (Some(current), i - 1);
             }
             old = Some(current);
             let right_len = r.len() - d - 1;
@@ -170,10 +176,12 @@ pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option
                 let r = runs.remove(at);
                 let l = runs[at - 1];
                 runs[at - 1] = R::make(l.start(), l.len() + 1 + r.len(), l.value());
+                at -= 1;
             }
             (true, false) => {
                 let l = runs[at - 1];
                 runs[at - 1] = R::make(l.start(), l.len() + 1, l.value());
+                at -= 1;
             }
             (false, true) => {
                 let r = runs[at];
@@ -185,7 +193,44 @@ pub fn assign<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> Option
     debug_assert!(runs
         .windows(2)
         .all(|w| end(&w[0]) <= u64::from(w[1].start())));
-    old
+    (old, at)
+}
+
+/// `assign(runs, key, Some(value))` where run `at` ends just before `key` and `value` continues
+/// it (a sequential write, also over buffered runs): no search, and a removal only where a
+/// one-key run is overwritten. `None` where that is not the case (any `at` is safe to try).
+/// Otherwise whether a run held `key` before; run `at` holds it after.
+#[inline]
+pub fn extend_at<R: Run>(runs: &mut Vec<R>, at: usize, key: u32, value: u32) -> Option<bool> {
+    let r = *runs.get(at)?;
+    if end(&r) != u64::from(key) || R::advance(r.value(), r.len()) != value {
+        return None;
+    }
+    let mut len = r.len() + 1;
+    let mut covered = false;
+    if let Some(&next) = runs.get(at + 1) {
+        // Runs are disjoint, so the next starts at `key` or after it.
+        covered = next.start() == key;
+        if covered {
+            if next.len() == 1 {
+                runs.remove(at + 1);
+            } else {
+                runs[at + 1] = R::make(key + 1, next.len() - 1, R::advance(next.value(), 1));
+            }
+        }
+        // What follows may now continue the run: coalesce, as `assign` would.
+        if let Some(&next) = runs.get(at + 1) {
+            if next.start() == key + 1 && R::advance(value, 1) == next.value() {
+                len += next.len();
+                runs.remove(at + 1);
+            }
+        }
+    }
+    runs[at] = R::make(r.start(), len, r.value());
+    debug_assert!(runs
+        .windows(2)
+        .all(|w| end(&w[0]) <= u64::from(w[1].start())));
+    Some(covered)
 }
 
 #[cfg(test)]
@@ -244,6 +289,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn extending_at_the_last_run_written_is_what_assign_does() {
+        // Runs that stay minimal have one form per mapping, so the lists must be equal.
+        let (mut plain, mut fast): (Vec<R>, Vec<R>) = (Vec::new(), Vec::new());
+        let (mut cursor, mut key, mut value, mut x) = (0usize, 0u32, 0u32, 5u64);
+        let (mut extended, mut overwrote) = (0, 0);
+        for step in 0..50_000u32 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Mostly a stream writing on (over runs laid by earlier streams), sometimes a jump,
+            // a value that breaks the stream, or a removal.
+            let (k, v) = match (x >> 40) % 16 {
+                0..=10 => ((key + 1) % 64, Some(value.wrapping_add(1))),
+                11 | 12 => (((x >> 20) % 64) as u32, Some(step % 8 * 100)),
+                13 => ((key + 1) % 64, Some(step)),
+                _ => (((x >> 20) % 64) as u32, None),
+            };
+            let old = assign(&mut plain, k, v);
+            let fast_try = v.and_then(|v| extend_at(&mut fast, cursor, k, v));
+            match fast_try {
+                Some(covered) => {
+                    extended += 1;
+                    overwrote += usize::from(covered);
+                    assert_eq!(covered, old.is_some(), "step {step}");
+                }
+                None => {
+                    let (fast_old, at) = assign_at(&mut fast, k, v);
+                    assert_eq!(fast_old, old, "step {step}");
+                    cursor = at;
+                }
+            }
+            if v.is_some() {
+                let r = fast[cursor];
+                assert!(
+                    r.0 <= k && k < r.0 + r.1,
+                    "step {step}: run {cursor} lacks {k}"
+                );
+            }
+            assert_eq!(fast, plain, "step {step}");
+            (key, value) = (k, v.unwrap_or(value));
+        }
+        // Both paths ran, and the fast one also over runs already holding the key.
+        assert!(
+            extended > 10_000 && overwrote > 1_000,
+            "{extended} {overwrote}"
+        );
     }
 
     #[test]

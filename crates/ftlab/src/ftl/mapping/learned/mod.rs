@@ -80,8 +80,11 @@ impl Run for DeltaRun {
 #[derive(Clone, Debug)]
 struct Delta {
     group: u32,
-    /// LPNs covered by `runs`.
-    entries: u32,
+    /// LPNs covered by `runs` (at most `GROUP_LPNS`).
+    entries: u16,
+    /// The run the group's last write went to: where a sequential write continues
+    /// (`runs::extend_at`). Only a hint; 16 bits keep the struct at 32 bytes.
+    cursor: u16,
     runs: Vec<DeltaRun>,
 }
 
@@ -317,6 +320,7 @@ impl LearnedMapping {
                 self.deltas.push(Delta {
                     group: g,
                     entries: 0,
+                    cursor: 0,
                     runs: Vec::new(),
                 });
                 self.delta_of_group.insert(g, d);
@@ -325,16 +329,17 @@ impl LearnedMapping {
         };
         self.last_delta = (g, d);
         let delta = &mut self.deltas[d as usize];
-        // A sequential write (or trim) continues the group's last buffered run: what `assign`
-        // would find after its search, in two comparisons.
-        if let (Some(last), Some(v)) = (delta.runs.last_mut(), value) {
-            let len = u32::from(last.len);
-            if u32::from(last.off) + len == off && DeltaRun::advance(last.ppn, len) == v {
-                last.len += 1;
+        // A sequential write (or trim) continues the run the group's last write went to: what
+        // `assign` would do after its search, in a few comparisons, also where the write goes
+        // over buffered runs (a file system rewriting what it trimmed).
+        if let Some(covered) =
+            value.and_then(|v| runs::extend_at(&mut delta.runs, usize::from(delta.cursor), off, v))
+        {
+            if !covered {
                 delta.entries += 1;
                 self.buffered_entries += 1;
-                return;
             }
+            return;
         }
         // `assign` adds at most two runs. Growth by doubling would leave up to half of the
         // buffer's lists spare (counted in the table's bytes); by a quarter it leaves a fifth,
@@ -342,7 +347,9 @@ impl LearnedMapping {
         if delta.runs.capacity() - delta.runs.len() < 2 {
             delta.runs.reserve_exact((delta.runs.len() / 4).max(2));
         }
-        let old = runs::assign(&mut delta.runs, off, value);
+        let (old, at) = runs::assign_at(&mut delta.runs, off, value);
+        // Fewer than GROUP_LPNS runs, so the index fits.
+        delta.cursor = at as u16;
         match (old, value) {
             (None, Some(_)) => {
                 delta.entries += 1;
