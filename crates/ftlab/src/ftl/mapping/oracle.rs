@@ -71,6 +71,7 @@ pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64) {
     let mut merges_seen = 0;
     let mut learned = LearnedMapping::with_buffer(u64::from(lpns), learned_buffer);
     check_table(&mut learned, ops, lpns, |t, oracle| {
+        t.assert_buffer_counts();
         if t.stats().merges == merges_seen {
             return;
         }

@@ -204,6 +204,25 @@ impl LearnedMapping {
         self.buffered_entries
     }
 
+    /// Checks the buffer's bookkeeping against its runs (tests call it after every update: a
+    /// count that drifted would not change a lookup, only when merges happen).
+    pub fn assert_buffer_counts(&self) {
+        let mut total = 0;
+        for (d, delta) in self.deltas.iter().enumerate() {
+            let covered: u32 = delta.runs.iter().map(|r| u32::from(r.len)).sum();
+            assert_eq!(u32::from(delta.entries), covered, "group {}", delta.group);
+            assert!(
+                covered > 0,
+                "group {} is buffered with nothing",
+                delta.group
+            );
+            assert_eq!(self.delta_of_group.get(&delta.group), Some(&(d as u32)));
+            total += u64::from(covered);
+        }
+        assert_eq!(self.delta_of_group.len(), self.deltas.len());
+        assert_eq!(self.buffered_entries, total);
+    }
+
     #[inline]
     pub fn buffer_bound(&self) -> u64 {
         (self.live / BUFFER_LIVE_DIVISOR)
