@@ -320,7 +320,31 @@ impl LearnedMapping {
         group::get(blob, lpn & OFFSET_MASK)
     }
 
+    /// Buffers `value` for `lpn` (`None`: forgets a buffered update of an LPN the blob does not
+    /// map). The common case, inline: a write continuing the run its group's last write went
+    /// to (`runs::extend_at`). The rest stays out of line so callers stay small.
+    #[inline]
     fn write_delta(&mut self, lpn: u32, value: Option<u32>) {
+        let (g, d) = self.last_delta;
+        if let Some(v) = value {
+            if g == lpn >> GROUP_SHIFT {
+                let delta = &mut self.deltas[d as usize];
+                let at = usize::from(delta.cursor);
+                if let Some(covered) = runs::extend_at(&mut delta.runs, at, lpn & OFFSET_MASK, v) {
+                    if !covered {
+                        delta.entries += 1;
+                        self.buffered_entries += 1;
+                    }
+                    self.span.get_mut().forget(lpn);
+                    return;
+                }
+            }
+        }
+        self.write_delta_slow(lpn, value);
+    }
+
+    #[inline(never)]
+    fn write_delta_slow(&mut self, lpn: u32, value: Option<u32>) {
         self.span.get_mut().forget(lpn);
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
@@ -350,7 +374,8 @@ impl LearnedMapping {
         let delta = &mut self.deltas[d as usize];
         // A sequential write (or trim) continues the run the group's last write went to: what
         // `assign` would do after its search, in a few comparisons, also where the write goes
-        // over buffered runs (a file system rewriting what it trimmed).
+        // over buffered runs (a file system rewriting what it trimmed). `write_delta` tried
+        // this for the group written last; here it is the first write after a switch.
         if let Some(covered) =
             value.and_then(|v| runs::extend_at(&mut delta.runs, usize::from(delta.cursor), off, v))
         {
@@ -467,6 +492,7 @@ impl LearnedMapping {
         true
     }
 
+    #[inline(never)]
     fn remove_mapped(&mut self, lpn: u32, buffered: bool) {
         // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
         // An answer from the compressed layer says it does, without a second search.
