@@ -200,37 +200,52 @@ pub fn assign_at<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> (Op
 /// it (a sequential write, also over buffered runs): no search, and a removal only where a
 /// one-key run is overwritten. `None` where that is not the case (any `at` is safe to try).
 /// Otherwise whether a run held `key` before; run `at` holds it after.
-#[inline]
+#[inline(always)]
 pub fn extend_at<R: Run>(runs: &mut Vec<R>, at: usize, key: u32, value: u32) -> Option<bool> {
     let r = *runs.get(at)?;
     if end(&r) != u64::from(key) || R::advance(r.value(), r.len()) != value {
         return None;
     }
-    let mut len = r.len() + 1;
-    let mut covered = false;
-    if let Some(&next) = runs.get(at + 1) {
-        // Runs are disjoint, so the next starts at `key` or after it.
-        covered = next.start() == key;
-        if covered {
-            if next.len() == 1 {
-                runs.remove(at + 1);
-            } else {
-                runs[at + 1] = R::make(key + 1, next.len() - 1, R::advance(next.value(), 1));
-            }
+    // Runs are disjoint, so the next starts at `key` or after it. Only when it starts at `key`
+    // (it loses that key) or right after (it may coalesce) is there more to do.
+    match runs.get(at + 1) {
+        Some(next) if u64::from(next.start()) <= u64::from(key) + 1 => {
+            Some(extend_into_next(runs, at, key, value))
         }
-        // What follows may now continue the run: coalesce, as `assign` would.
-        if let Some(&next) = runs.get(at + 1) {
-            if next.start() == key + 1 && R::advance(value, 1) == next.value() {
-                len += next.len();
-                runs.remove(at + 1);
-            }
+        _ => {
+            runs[at] = R::make(r.start(), r.len() + 1, r.value());
+            Some(false)
+        }
+    }
+}
+
+/// `extend_at` where the next run starts at `key` or `key + 1`.
+#[cold]
+#[inline(never)]
+fn extend_into_next<R: Run>(runs: &mut Vec<R>, at: usize, key: u32, value: u32) -> bool {
+    let r = runs[at];
+    let mut len = r.len() + 1;
+    let next = runs[at + 1];
+    let covered = next.start() == key;
+    if covered {
+        if next.len() == 1 {
+            runs.remove(at + 1);
+        } else {
+            runs[at + 1] = R::make(key + 1, next.len() - 1, R::advance(next.value(), 1));
+        }
+    }
+    // What follows may now continue the run: coalesce, as `assign` would.
+    if let Some(&next) = runs.get(at + 1) {
+        if next.start() == key + 1 && R::advance(value, 1) == next.value() {
+            len += next.len();
+            runs.remove(at + 1);
         }
     }
     runs[at] = R::make(r.start(), len, r.value());
     debug_assert!(runs
         .windows(2)
         .all(|w| end(&w[0]) <= u64::from(w[1].start())));
-    Some(covered)
+    covered
 }
 
 #[cfg(test)]
