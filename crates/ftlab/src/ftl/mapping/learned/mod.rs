@@ -323,7 +323,7 @@ impl LearnedMapping {
     /// Buffers `value` for `lpn` (`None`: forgets a buffered update of an LPN the blob does not
     /// map). The common case, inline: a write continuing the run its group's last write went
     /// to (`runs::extend_at`). The rest stays out of line so callers stay small.
-    #[inline]
+    #[inline(always)]
     fn write_delta(&mut self, lpn: u32, value: Option<u32>) {
         let (g, d) = self.last_delta;
         if let Some(v) = value {
