@@ -260,6 +260,14 @@ fn toml_string(s: &str) -> String {
 }
 
 fn main() {
+    // A write past the file-size limit (`ulimit -f`) then fails with EFBIG, reported as an error
+    // naming the file, instead of SIGXFSZ ending the process without a word (for `serve`,
+    // while it saves its image, before its report).
+    #[cfg(target_os = "linux")]
+    // SAFETY: setting a signal's disposition to "ignore" runs no code in the handler.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sim(args) => run_sim(args),

@@ -140,7 +140,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?,
     );
     if let Some(image) = &args.image {
-        ftlab::server::Device::check_image_writable(image).map_err(anyhow::Error::msg)?;
+        device
+            .check_image_writable(image)
+            .map_err(anyhow::Error::msg)?;
         if image.exists() {
             let pages = device.load_image(image).map_err(anyhow::Error::msg)?;
             eprintln!(

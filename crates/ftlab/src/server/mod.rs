@@ -301,9 +301,27 @@ impl Device {
         Ok(loaded)
     }
 
-    /// Fails unless `save_image(path)` will be able to create its file: checked at start, so a
-    /// mistyped directory is reported before clients write data that could not be saved.
-    pub fn check_image_writable(path: &std::path::Path) -> Result<(), String> {
+    /// Fails unless `save_image(path)` will be able to create its file and make it the export's
+    /// size (the process's file-size limit, `ulimit -f`, allows it): checked at start, so a
+    /// mistyped directory or a low limit is reported before clients write data that could not
+    /// be saved.
+    pub fn check_image_writable(&self, path: &std::path::Path) -> Result<(), String> {
+        #[cfg(target_os = "linux")]
+        {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit(2) writes the struct it is given.
+            let ok = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0;
+            if ok && limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < self.size_bytes {
+                return Err(format!(
+                    "--image: this process may write files of at most {} bytes (ulimit -f), \
+                     and the image of this device takes {} bytes",
+                    limit.rlim_cur, self.size_bytes
+                ));
+            }
+        }
         let tmp = tmp_path_beside(path);
         let existed = tmp.exists();
         std::fs::OpenOptions::new()
@@ -322,30 +340,22 @@ impl Device {
     /// A page that fails its checksum does not stop the save (the other pages are the clients'
     /// data): the image is written whole with that page as zeros, left beside `path` as
     /// `PATH.tmp` (an earlier image at `path` is kept), and the error names such LPNs (the first 16).
+    ///
+    /// A write that fails (a full disk) removes the incomplete `PATH.tmp` and says so; `path`
+    /// keeps what it held.
     pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
-        use std::io::{Seek, SeekFrom};
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let tmp = tmp_path_beside(path);
-        let mut file =
-            std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        file.set_len(self.size_bytes)
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        let mut page = vec![0u8; self.page_bytes];
         let mut unreadable = Vec::new();
-        for lpn in 0..self.size_bytes / self.page_bytes as u64 {
-            if let Err(e) = self.store.read(lpn, &mut page) {
-                // The error names the LPN.
-                unreadable.push(e);
-                continue;
-            }
-            if page.iter().any(|&b| b != 0) {
-                file.seek(SeekFrom::Start(lpn * self.page_bytes as u64))
-                    .and_then(|_| file.write_all(&page))
-                    .map_err(|e| format!("{}: {e}", tmp.display()))?;
-            }
+        if let Err(e) = self.write_image(&tmp, &mut unreadable) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!(
+                "{}: the device was not saved ({} left as it was, the incomplete {} removed): {e}",
+                path.display(),
+                path.display(),
+                tmp.display()
+            ));
         }
-        file.sync_all()
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
         if !unreadable.is_empty() {
             const NAMED: usize = 16;
             let mut named: Vec<String> = unreadable
@@ -368,6 +378,33 @@ impl Device {
         }
         std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(())
+    }
+
+    /// Writes every readable page to `tmp`; pages that fail their checksum are collected in
+    /// `unreadable` and left as holes.
+    fn write_image(
+        &self,
+        tmp: &std::path::Path,
+        unreadable: &mut Vec<crate::store::StoreError>,
+    ) -> Result<(), String> {
+        use std::io::{Seek, SeekFrom};
+        let in_tmp = |e: std::io::Error| format!("writing {}: {e}", tmp.display());
+        let mut file = std::fs::File::create(tmp).map_err(in_tmp)?;
+        file.set_len(self.size_bytes).map_err(in_tmp)?;
+        let mut page = vec![0u8; self.page_bytes];
+        for lpn in 0..self.size_bytes / self.page_bytes as u64 {
+            if let Err(e) = self.store.read(lpn, &mut page) {
+                // The error names the LPN.
+                unreadable.push(e);
+                continue;
+            }
+            if page.iter().any(|&b| b != 0) {
+                file.seek(SeekFrom::Start(lpn * self.page_bytes as u64))
+                    .and_then(|_| file.write_all(&page))
+                    .map_err(in_tmp)?;
+            }
+        }
+        file.sync_all().map_err(in_tmp)
     }
 
     /// Flips a bit of page `lpn`'s stored bytes, to test how corruption is handled. Returns

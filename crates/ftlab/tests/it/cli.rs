@@ -211,6 +211,62 @@ fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (bool, String) {
     (status.success(), err)
 }
 
+/// Under a file-size limit (`ulimit -f`) below the export's size, the image could never be
+/// saved (and SIGXFSZ used to end the server silently while it tried, report and all): the
+/// server refuses to start.
+#[test]
+fn serve_refuses_an_image_its_file_size_limit_could_not_hold() {
+    let dir = temp_dir("cli-fsize");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -f 1024 && exec "$0" serve --no-tcp --unix "$1" --image "$2" --set capacity.logical_bytes=67108864"#)
+        .arg(env!("CARGO_BIN_EXE_ftlab"))
+        .arg(dir.join("s.sock"))
+        .arg(dir.join("d.img"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("serve started under a 1 MiB file-size limit with a 64 MiB image");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ulimit -f") && err.contains("67108864 bytes"),
+        "{err}"
+    );
+}
+
+/// A report larger than the file-size limit is an error naming the file, not a process ended
+/// by SIGXFSZ.
+#[test]
+fn a_report_past_the_file_size_limit_is_an_error_naming_the_file() {
+    let dir = temp_dir("cli-fsize-report");
+    let json = dir.join("r.json");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -f 1 && exec "$0" sim -q --set workload.requests=2000 --set workload.precondition=false --json "$1""#)
+        .arg(env!("CARGO_BIN_EXE_ftlab"))
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("r.json") && err.contains("File too large"),
+        "{err}"
+    );
+}
+
 #[test]
 fn serve_never_deletes_a_file_it_was_given_as_its_socket() {
     let dir = temp_dir("cli-unix");

@@ -739,3 +739,25 @@ fn saving_the_image_survives_a_corrupt_page_and_names_it() {
     }
     assert!(saved[pages * page..].iter().all(|&b| b == 0));
 }
+
+/// A save that cannot write (its temporary file here is /dev/full, which can be neither sized
+/// nor written, as a full disk) removes its partial file, says so, and keeps the earlier image.
+#[test]
+fn a_failed_save_removes_its_partial_file_and_keeps_the_earlier_image() {
+    let dir = temp_dir("failed-save");
+    let device = device();
+    let image = dir.join("dev.img");
+    std::fs::write(&image, b"the earlier image").unwrap();
+    let tmp = dir.join("dev.img.tmp");
+    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    let err = device.save_image(&image).unwrap_err();
+    assert!(
+        err.contains("not saved") && err.contains("dev.img.tmp removed"),
+        "{err}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&tmp).is_err(),
+        "{tmp:?} is still there"
+    );
+    assert_eq!(std::fs::read(&image).unwrap(), b"the earlier image");
+}
