@@ -346,8 +346,18 @@ impl Device {
     pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let tmp = tmp_path_beside(path);
+        let not_saved = |e: std::io::Error| {
+            format!(
+                "{}: the device was not saved ({} left as it was): creating {}: {e}",
+                path.display(),
+                path.display(),
+                tmp.display()
+            )
+        };
+        // Only a file this save created is removed when it fails.
+        let file = std::fs::File::create(&tmp).map_err(not_saved)?;
         let mut unreadable = Vec::new();
-        if let Err(e) = self.write_image(&tmp, &mut unreadable) {
+        if let Err(e) = self.write_image(file, &tmp, &mut unreadable) {
             let _ = std::fs::remove_file(&tmp);
             return Err(format!(
                 "{}: the device was not saved ({} left as it was, the incomplete {} removed): {e}",
@@ -380,16 +390,16 @@ impl Device {
         Ok(())
     }
 
-    /// Writes every readable page to `tmp`; pages that fail their checksum are collected in
+    /// Writes every readable page to `file` (at `tmp`); pages that fail their checksum are collected in
     /// `unreadable` and left as holes.
     fn write_image(
         &self,
+        mut file: std::fs::File,
         tmp: &std::path::Path,
         unreadable: &mut Vec<crate::store::StoreError>,
     ) -> Result<(), String> {
         use std::io::{Seek, SeekFrom};
         let in_tmp = |e: std::io::Error| format!("writing {}: {e}", tmp.display());
-        let mut file = std::fs::File::create(tmp).map_err(in_tmp)?;
         file.set_len(self.size_bytes).map_err(in_tmp)?;
         let mut page = vec![0u8; self.page_bytes];
         for lpn in 0..self.size_bytes / self.page_bytes as u64 {
