@@ -94,23 +94,25 @@ impl Drop for Output {
 mod tests {
     use super::*;
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("ftlab-output-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A fresh directory, removed when the test ends.
+    fn dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("ftlab-output-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn the_old_contents_stay_until_the_new_are_whole_and_no_tmp_is_left() {
-        let d = dir("replace");
+        let t = dir("replace");
+        let d = t.path();
         let path = d.join("r.json");
         std::fs::write(&path, "old").unwrap();
         let out = Output::open(&path, "the report").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "old");
         out.write(b"new").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
-        let names: Vec<_> = std::fs::read_dir(&d)
+        let names: Vec<_> = std::fs::read_dir(d)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
@@ -119,14 +121,14 @@ mod tests {
         drop(Output::open(&path, "the report").unwrap());
         drop(Output::open(&d.join("fresh.csv"), "the series").unwrap());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
-        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 1);
     }
 
     #[test]
     fn the_replacement_keeps_the_mode_of_the_replaced_file() {
         use std::os::unix::fs::PermissionsExt;
-        let d = dir("mode");
+        let t = dir("mode");
+        let d = t.path();
         let path = d.join("r.json");
         std::fs::write(&path, "old").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -136,12 +138,12 @@ mod tests {
             .unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_symbolic_link_stays_a_link_and_its_target_gets_the_contents() {
-        let d = dir("link");
+        let t = dir("link");
+        let d = t.path();
         let target = d.join("target.json");
         std::fs::write(&target, "old").unwrap();
         let link = d.join("link.json");
@@ -155,13 +157,13 @@ mod tests {
             .file_type()
             .is_symlink());
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_fifo_is_written_in_place_not_replaced() {
         use std::os::unix::fs::FileTypeExt;
-        let d = dir("fifo");
+        let t = dir("fifo");
+        let d = t.path();
         let fifo = d.join("out");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: mkfifo(3) on a NUL-terminated path.
@@ -176,12 +178,12 @@ mod tests {
             .unwrap();
         assert_eq!(reader.join().unwrap(), b"through");
         assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn an_output_that_cannot_be_written_is_refused_at_open_and_leaves_nothing() {
-        let d = dir("refused");
+        let t = dir("refused");
+        let d = t.path();
         // Below a regular file: no `.tmp` can be made there, for root either.
         let not_a_dir = d.join("r.json");
         std::fs::write(&not_a_dir, "old").unwrap();
@@ -198,7 +200,6 @@ mod tests {
         let is_root = unsafe { libc::geteuid() } == 0;
         assert_eq!(Output::open(&not_a_dir, "the report").is_ok(), is_root);
         assert_eq!(std::fs::read_to_string(&not_a_dir).unwrap(), "old");
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
-        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 1);
     }
 }

@@ -189,9 +189,15 @@ fn serve_refuses_an_image_it_could_not_save_before_taking_data() {
 
 /// Runs `ftlab serve ARGS` until it exits (it must, within 30 s); its status and stderr.
 fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (bool, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .arg("serve")
-        .args(args)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ftlab"));
+    command.arg("serve").args(args);
+    let (status, err) = run_until_exit(command);
+    (status.success(), err)
+}
+
+/// Runs `command` until it exits (it must, within 30 s); its status and stderr.
+fn run_until_exit(mut command: Command) -> (std::process::ExitStatus, String) {
+    let mut child = command
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -202,13 +208,13 @@ fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (bool, String) {
         }
         if std::time::Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("serve {args:?} kept running");
+            panic!("{command:?} kept running");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    (status.success(), err)
+    (status, err)
 }
 
 /// Under a file-size limit (`ulimit -f`) below the export's size, the image could never be
@@ -217,28 +223,14 @@ fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (bool, String) {
 #[test]
 fn serve_refuses_an_image_its_file_size_limit_could_not_hold() {
     let dir = temp_dir("cli-fsize");
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(r#"ulimit -f 1024 && exec "$0" serve --no-tcp --unix "$1" --image "$2" --set capacity.logical_bytes=67108864"#)
         .arg(env!("CARGO_BIN_EXE_ftlab"))
         .arg(dir.join("s.sock"))
-        .arg(dir.join("d.img"))
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("serve started under a 1 MiB file-size limit with a 64 MiB image");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        .arg(dir.join("d.img"));
+    let (status, err) = run_until_exit(command);
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains("ulimit -f") && err.contains("67108864 bytes"),
