@@ -3,8 +3,8 @@
 //! The update stream is what a page-mapping FTL asks of its table: one SET per written page, one
 //! REMOVE per trimmed page, in trace order. PPNs come either from a log head (each page write
 //! takes the next PPN, the JDB-FTL report's method) or from the simulator itself (its real
-//! PPNs, GC relocations included). Lookups (GET) are every page the trace reads or writes, in
-//! trace order, after the updates. Every table is then read back in full against an oracle and
+//! PPNs, and the garbage collection's relocations where the trace makes it run). Lookups (GET)
+//! are every page the trace reads or writes, in trace order, after the updates. Every table is then read back in full against an oracle and
 //! its memory measured twice: its own exact accounting and the allocator's statistics.
 //!
 //! Must not know: any table's internals (everything goes through `MappingTable`).
@@ -38,6 +38,19 @@ pub struct MapOps {
     pub logical_pages: u64,
     /// Page writes (SETs) among the updates.
     pub writes: u64,
+    /// What the simulator did, for `PpnSource::Simulator`.
+    pub simulator: Option<SimulatorRun>,
+}
+
+/// The simulated drive behind `--ppns simulator`. Its PPNs differ from a log head's only
+/// where the garbage collection moved pages (a page write takes the next page of the open
+/// block, as a log head does), so the header says whether it did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SimulatorRun {
+    /// Write amplification: 1.0 when the GC never ran.
+    pub waf: f64,
+    /// Pages the garbage collection moved (each a table update).
+    pub gc_write_pages: u64,
 }
 
 impl MapOps {
@@ -56,7 +69,8 @@ impl MapOps {
 pub enum PpnSource {
     /// Each page write takes the next PPN (a log head), as the JDB-FTL report assigns them.
     LogHead,
-    /// The simulator's PPNs (default preset sized to the device), GC relocations included.
+    /// The simulator's PPNs (default preset sized to the device), GC relocations included
+    /// (where the trace makes the GC run; `SimulatorRun` says).
     Simulator,
 }
 
@@ -133,7 +147,8 @@ pub fn ops_from_trace(
             }
         }
         PpnSource::Simulator => {
-            ops.updates = simulator_updates(path, format, device_bytes)?;
+            let (updates, run) = simulator_updates(path, format, device_bytes)?;
+            (ops.updates, ops.simulator) = (updates, Some(run));
         }
     }
     ops.writes = ops.updates.iter().filter(|u| u.1 != REMOVE).count() as u64;
@@ -190,13 +205,17 @@ impl MappingTable for Recording {
 /// drive's.
 pub const SIM_SPARE_FACTOR: f64 = 0.07;
 
+/// The simulator's table updates for the trace, and what the drive did.
 fn simulator_updates(
     path: &Path,
     format: Option<TraceFormat>,
     device_bytes: u64,
-) -> anyhow::Result<Vec<(u32, u32)>> {
+) -> anyhow::Result<(Vec<(u32, u32)>, SimulatorRun)> {
     // The default preset's flash, with just enough blocks per die for the device plus
-    // SIM_SPARE_FACTOR spare and per-die superblocks, so that garbage collection relocates pages as in a real drive.
+    // SIM_SPARE_FACTOR spare and per-die superblocks, so that garbage collection relocates
+    // pages as in a real drive, once the trace has written more than the free space.
+    // (Preconditioning would not make it run sooner on traces that begin with mkfs: its
+    // discard of the whole device frees everything again.)
     let mut builder = ConfigBuilder::from_preset(crate::config::DEFAULT_PRESET)?;
     let f = builder.clone().build()?.flash;
     let block_row_bytes = u64::from(f.channels)
@@ -225,9 +244,14 @@ fn simulator_updates(
         inner: FlatMapping::new(config.geometry()?.logical_pages),
         log: log.clone(),
     };
-    crate::sim::run_with(&config, table, &mut |_| {})?;
-    let updates = log.take();
-    Ok(updates)
+    let report = crate::sim::run_with(&config, table, &mut |_| {})?;
+    Ok((
+        log.take(),
+        SimulatorRun {
+            waf: report.waf,
+            gc_write_pages: report.gc_write_pages,
+        },
+    ))
 }
 
 /// One table's figures. `bytes` is measured after `compact()` (update buffers merged, spare
@@ -264,6 +288,9 @@ pub struct MapBench {
     pub updates: u64,
     pub gets: u64,
     pub live_mappings: u64,
+    /// With `--ppns simulator`: the drive's WAF and the pages its GC moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulator: Option<SimulatorRun>,
     /// The learned table's figure (the only table with a compressed layer).
     pub compressed_get_fraction: Option<f64>,
     pub latency_method: String,
@@ -560,6 +587,7 @@ pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat
         updates: ops.updates.len() as u64,
         gets: ops.gets.len() as u64,
         live_mappings: oracle.iter().filter(|&&v| v != REMOVE).count() as u64,
+        simulator: ops.simulator.clone(),
         compressed_get_fraction: results.iter().find_map(|r| r.compressed_get_fraction),
         latency_method: format!(
             "{}; quantiles are the median over {} passes",
@@ -576,9 +604,23 @@ pub fn markdown(b: &MapBench) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} ({} PPNs): {} LPNs, {} updates, {} lookups, {} live mappings\n",
+        "{} ({} PPNs): {} LPNs, {} updates, {} lookups, {} live mappings",
         b.trace, b.ppns, b.logical_pages, b.updates, b.gets, b.live_mappings
     );
+    if let Some(sim) = &b.simulator {
+        let _ = writeln!(
+            o,
+            "simulated drive: WAF {:.3}, {} pages moved by GC{}",
+            sim.waf,
+            sim.gc_write_pages,
+            if sim.gc_write_pages == 0 {
+                " (the GC never ran)"
+            } else {
+                ""
+            }
+        );
+    }
+    let _ = writeln!(o);
     let _ = writeln!(
         o,
         "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"

@@ -22,7 +22,8 @@ pub struct MapbenchArgs {
     format: Option<String>,
     /// Where PPNs come from: log-head (each page write takes the next PPN, the JDB-FTL report's
     /// method), simulator (ftlab's FTL: the default preset's flash sized to the device plus 7 %
-    /// spare, GC relocations included), or both.
+    /// spare; the pages its GC moves are updates too, once the trace has written more than the
+    /// free space, and the output says how many), or both.
     #[arg(long, default_value = "log-head", value_parser = ["log-head", "simulator", "both"])]
     ppns: String,
     /// Tables to compare (comma-separated).

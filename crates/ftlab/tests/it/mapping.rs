@@ -266,3 +266,52 @@ fn learned_is_smaller_than_extent_on_every_real_trace() {
         }
     }
 }
+
+/// `--ppns simulator` hands the tables the simulated drive's own updates: on a trace that writes
+/// three times the device, randomly, the GC moves pages, and each move is one more SET (its
+/// count must match the drive's report); the moves are what makes these PPNs differ from a log
+/// head's, and every table still reads the final mapping back.
+#[test]
+fn simulator_ppns_carry_the_gc_relocations() {
+    use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
+    let dir = crate::support::temp_dir("mapbench-gc");
+    let path = dir.path().join("random.csv");
+    const DEVICE: u64 = 1 << 30;
+    const CHUNK: u64 = 64 << 10;
+    let mut rng = ftlab::rng::SplitMix64::new(11);
+    let mut text = String::from("Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n");
+    for i in 0..3 * DEVICE / CHUNK {
+        let offset = rng.bounded(DEVICE / CHUNK) * CHUNK;
+        text.push_str(&format!(
+            "{},t,0,Write,{offset},{CHUNK},0\n",
+            10_000 * (i + 1)
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
+
+    let log = ops_from_trace(&path, None, Some(DEVICE), PpnSource::LogHead).unwrap();
+    let sim = ops_from_trace(&path, None, Some(DEVICE), PpnSource::Simulator).unwrap();
+    let run = sim.simulator.clone().expect("the simulator's figures");
+    assert!(run.gc_write_pages > 0 && run.waf > 1.0, "{run:?}");
+    let host_pages = 3 * DEVICE / 4096;
+    assert_eq!(log.writes, host_pages);
+    assert_eq!(sim.writes, host_pages + run.gc_write_pages, "{run:?}");
+    let (log_map, sim_map) = (log.oracle(), sim.oracle());
+    let live = |m: &[u32]| m.iter().filter(|&&v| v != REMOVE).count();
+    assert_eq!(live(&log_map), live(&sim_map));
+    assert_ne!(log_map, sim_map, "GC moved pages, so some PPNs differ");
+    let result = ftlab::mapbench::run(
+        "random.csv",
+        PpnSource::Simulator,
+        &sim,
+        &["extent".to_string(), "learned".to_string()],
+        1,
+    );
+    assert_eq!(
+        result.simulator.as_ref().unwrap().gc_write_pages,
+        run.gc_write_pages
+    );
+    for t in &result.tables {
+        assert!(t.lossless_verified, "{}", t.name);
+    }
+}
