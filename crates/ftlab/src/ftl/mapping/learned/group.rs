@@ -838,38 +838,46 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
         rank += len;
     }
     let needs_points = (live as usize) < 64 * s.best.len();
+    // The points (PPNs by rank) are made lazily: the probes below need the first
+    // `CONE_PROBE_POINTS`, and only a fit that is really tried needs all of them (making all of a
+    // full group's 4096 and fitting the single segments over them was most of a merge on files).
+    let all = live as usize;
     if needs_points {
-        s.ys.reserve(live as usize);
-        for &(_, len, ppn) in &s.runs {
-            s.ys.extend((0..u32::from(len)).map(|k| ppn + k));
-        }
+        points(&s.runs, CONE_PROBE_POINTS.min(all), &mut s.ys);
     }
     if s.best.len() * 2 > live as usize {
         // Mostly single points: the cone fit also finds exact lines of other slopes (descending,
         // strided), if the first points show any (any two points make a line, so lines of
         // four or more are what count).
-        let prefix = &s.ys[..s.ys.len().min(CONE_PROBE_POINTS)];
-        fit::fit_cone(prefix, 0, &mut s.trial);
-        if 4 * s.trial.len() <= prefix.len() {
+        fit::fit_cone(&s.ys, 0, &mut s.trial);
+        if 4 * s.trial.len() <= s.ys.len() {
+            points(&s.runs, all, &mut s.ys);
             fit::fit_cone(&s.ys, 0, &mut s.best);
         }
     }
     let mut best_bytes = layout(n_intervals, &s.best).bytes;
+    // A single segment that is not an exact line stores at least a bit per point: where the
+    // best so far is smaller than that, packing and the endpoint line cannot win.
+    let single_floor = HEADER_BYTES + 4 * n_intervals + 2 + all.div_ceil(8);
     // Long exact runs cannot be beaten by much: a segment's few bytes are spread over them.
     if needs_points {
         for trial in 0..CANDIDATES {
             match trial {
-                0 => fit::fit_single(&s.ys, 0, &mut s.trial),
-                1 => fit::fit_single(&s.ys, fit::endpoint_slope(&s.ys), &mut s.trial),
+                0 | 1 if best_bytes <= single_floor => continue,
+                0 => {
+                    points(&s.runs, all, &mut s.ys);
+                    fit::fit_single(&s.ys, 0, &mut s.trial)
+                }
+                1 => {
+                    points(&s.runs, all, &mut s.ys);
+                    fit::fit_single(&s.ys, fit::endpoint_slope(&s.ys), &mut s.trial)
+                }
                 _ => {
                     // The cone fit costs several passes; first see whether it pays on a prefix,
                     // against both packing and the best so far (cut to the prefix): it used to
                     // be tried whenever it beat packing there, and on pgbench then lost to the
                     // exact segments in 99 % of the groups, at a fifth of all update time.
                     let n = s.ys.len().min(CONE_PROBE_POINTS);
-                    let prefix = &s.ys[..n];
-                    fit::fit_single(prefix, 0, &mut s.trial);
-                    let packed = layout(0, &s.trial).bytes;
                     s.trial.clear();
                     s.trial.extend(
                         s.best
@@ -881,10 +889,20 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
                             }),
                     );
                     let best_so_far = layout(0, &s.trial).bytes;
+                    // A few long exact runs (what file systems write): joining some of them
+                    // into a segment with residuals would cost at least a bit per point of it,
+                    // more than the records it saves.
+                    if best_so_far <= HEADER_BYTES + 2 + n.div_ceil(8) {
+                        continue;
+                    }
+                    let prefix = &s.ys[..n];
+                    fit::fit_single(prefix, 0, &mut s.trial);
+                    let packed = layout(0, &s.trial).bytes;
                     fit::fit_cone(prefix, CONE_EPS, &mut s.trial);
                     if layout(0, &s.trial).bytes >= packed.min(best_so_far) {
                         continue;
                     }
+                    points(&s.runs, all, &mut s.ys);
                     fit::fit_cone(&s.ys, CONE_EPS, &mut s.trial)
                 }
             }
@@ -952,6 +970,11 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     debug_assert_eq!(res_off, l.residual_bits);
     let mut w = BitWriter::new(out);
     for seg in s.best.iter().filter(|seg| seg.width > 0) {
+        debug_assert_eq!(
+            s.ys.len(),
+            live as usize,
+            "every fit with residuals had all points"
+        );
         let width = u32::from(seg.width);
         for dx in 0..seg.len {
             let y = i64::from(s.ys[(seg.first + dx) as usize]);
@@ -961,6 +984,23 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     w.finish();
     debug_assert_eq!(out.len(), l.bytes);
     Some(out.as_slice())
+}
+
+/// The PPNs of the first `n` ranks of `runs` (`n` at most their count), into `ys`; nothing to
+/// do when `ys` already holds them.
+fn points(runs: &[GroupRun], n: usize, ys: &mut Vec<u32>) {
+    if ys.len() == n {
+        return;
+    }
+    ys.clear();
+    ys.reserve(n);
+    for &(_, len, ppn) in runs {
+        let take = usize::from(len).min(n - ys.len());
+        ys.extend((0..take as u32).map(|k| ppn + k));
+        if ys.len() == n {
+            break;
+        }
+    }
 }
 
 /// Mapped LPNs in the blob.
