@@ -325,22 +325,56 @@ impl LearnedMapping {
     /// to (`runs::extend_at`). The rest stays out of line so callers stay small.
     #[inline(always)]
     fn write_delta(&mut self, lpn: u32, value: Option<u32>) {
-        let (g, d) = self.last_delta;
-        if let Some(v) = value {
-            if g == lpn >> GROUP_SHIFT {
-                let delta = &mut self.deltas[d as usize];
-                let at = usize::from(delta.cursor);
-                if let Some(covered) = runs::extend_at(&mut delta.runs, at, lpn & OFFSET_MASK, v) {
-                    if !covered {
-                        delta.entries += 1;
-                        self.buffered_entries += 1;
-                    }
-                    self.span.get_mut().forget(lpn);
-                    return;
-                }
-            }
+        if !value.is_some_and(|v| self.extend_last_written(lpn, v)) {
+            self.write_delta_slow(lpn, value);
         }
-        self.write_delta_slow(lpn, value);
+    }
+
+    /// Buffers `lpn -> ppn` if it continues the run its group's last write went to
+    /// (`runs::extend_at`); false, changing nothing, otherwise.
+    #[inline(always)]
+    fn extend_last_written(&mut self, lpn: u32, ppn: u32) -> bool {
+        let (g, d) = self.last_delta;
+        if g != lpn >> GROUP_SHIFT {
+            return false;
+        }
+        let delta = &mut self.deltas[d as usize];
+        let at = usize::from(delta.cursor);
+        let Some(covered) = runs::extend_at(&mut delta.runs, at, lpn & OFFSET_MASK, ppn) else {
+            return false;
+        };
+        if !covered {
+            delta.entries += 1;
+            self.buffered_entries += 1;
+        }
+        self.span.get_mut().forget(lpn);
+        true
+    }
+
+    /// `set` where its fast path does not apply.
+    #[inline(never)]
+    fn set_slow(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
+        let (old, buffered) = self.lookup_with::<true>(lpn);
+        if old == Some(ppn) {
+            return old;
+        }
+        // The lookup said whether the blob could take `ppn` in place (a packed residual, a
+        // one-point segment, a one-page run, with room for the value): most updates of a
+        // trace's pages split exact runs or lie past a log-structured group's range, and skip
+        // the attempt's second search.
+        let (hint_lpn, (room_lo, room_hi)) = self.room_hint.get();
+        if old.is_some()
+            && !buffered
+            && hint_lpn == lpn
+            && (room_lo..=room_hi).contains(&ppn)
+            && self.update_in_place(lpn, ppn)
+        {
+            return old;
+        }
+        self.write_delta(lpn, Some(ppn));
+        self.live += u64::from(old.is_none());
+        self.merge_while_over_bound();
+        old
     }
 
     #[inline(never)]
@@ -523,29 +557,25 @@ impl MappingTable for LearnedMapping {
         ppn
     }
 
+    #[inline]
     fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
         debug_assert_ne!(ppn, TOMBSTONE);
-        let (old, buffered) = self.lookup_with::<true>(lpn);
-        if old == Some(ppn) {
-            return old;
+        // The common case of a stream of writes, in a few registers: the lookup cursor knows
+        // the LPN is unmapped or buffered (so nothing can go in place), and the write continues
+        // the run its group's last write went to. The rest is out of line: this path used to
+        // pay for the whole update's stack frame.
+        let span = self.span.get();
+        if let Some(old) = span.get(lpn) {
+            if (old.is_none() || span.buffered)
+                && old != Some(ppn)
+                && self.extend_last_written(lpn, ppn)
+            {
+                self.live += u64::from(old.is_none());
+                self.merge_while_over_bound();
+                return old;
+            }
         }
-        // The lookup said whether the blob could take `ppn` in place (a packed residual, a
-        // one-point segment, a one-page run, with room for the value): most updates of a
-        // trace's pages split exact runs or lie past a log-structured group's range, and skip
-        // the attempt's second search.
-        let (hint_lpn, (room_lo, room_hi)) = self.room_hint.get();
-        if old.is_some()
-            && !buffered
-            && hint_lpn == lpn
-            && (room_lo..=room_hi).contains(&ppn)
-            && self.update_in_place(lpn, ppn)
-        {
-            return old;
-        }
-        self.write_delta(lpn, Some(ppn));
-        self.live += u64::from(old.is_none());
-        self.merge_while_over_bound();
-        old
+        self.set_slow(lpn, ppn)
     }
 
     fn relocate(&mut self, lpn: u32, from: u32, to: u32) {
