@@ -51,6 +51,9 @@ pub struct SimulatorRun {
     pub waf: f64,
     /// Pages the garbage collection moved (each a table update).
     pub gc_write_pages: u64,
+    /// Blocks erased: the GC also reclaims blocks whose pages were all overwritten or trimmed,
+    /// moving nothing.
+    pub erases: u64,
 }
 
 impl MapOps {
@@ -250,6 +253,7 @@ fn simulator_updates(
         SimulatorRun {
             waf: report.waf,
             gc_write_pages: report.gc_write_pages,
+            erases: report.erases,
         },
     ))
 }
@@ -288,7 +292,7 @@ pub struct MapBench {
     pub updates: u64,
     pub gets: u64,
     pub live_mappings: u64,
-    /// With `--ppns simulator`: the drive's WAF and the pages its GC moved.
+    /// With `--ppns simulator`: the drive's WAF, erases and the pages its GC moved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub simulator: Option<SimulatorRun>,
     /// The learned table's figure (the only table with a compressed layer).
@@ -610,14 +614,8 @@ pub fn markdown(b: &MapBench) -> String {
     if let Some(sim) = &b.simulator {
         let _ = writeln!(
             o,
-            "simulated drive: WAF {:.3}, {} pages moved by GC{}",
-            sim.waf,
-            sim.gc_write_pages,
-            if sim.gc_write_pages == 0 {
-                " (the GC never ran)"
-            } else {
-                ""
-            }
+            "simulated drive: WAF {:.3}, {} blocks erased, {} pages moved by GC",
+            sim.waf, sim.erases, sim.gc_write_pages
         );
     }
     let _ = writeln!(o);
