@@ -160,7 +160,8 @@ pub struct LearnedMapping {
     live: u64,
     buffer_min_entries: u64,
     gets: Cell<u64>,
-    compressed_gets: Cell<u64>,
+    /// Lookups the buffer answered (the rare case, so the common one writes one counter).
+    buffered_gets: Cell<u64>,
     span: Cell<Span>,
     /// What the last lookup made for an update learned of its LPN's blob (`group::Lookup::room`):
     /// the PPNs that could go in place. Only a hint (`update_in_place` checks again).
@@ -188,7 +189,7 @@ impl LearnedMapping {
             live: 0,
             buffer_min_entries,
             gets: Cell::new(0),
-            compressed_gets: Cell::new(0),
+            buffered_gets: Cell::new(0),
             span: Cell::new(Span::default()),
             room_hint: Cell::new((0, group::NO_ROOM)),
             stats: LearnedStats::default(),
@@ -551,8 +552,8 @@ impl MappingTable for LearnedMapping {
     fn get(&self, lpn: u32) -> Option<u32> {
         self.gets.set(self.gets.get() + 1);
         let (ppn, buffered) = self.lookup(lpn);
-        if !buffered {
-            self.compressed_gets.set(self.compressed_gets.get() + 1);
+        if buffered {
+            self.buffered_gets.set(self.buffered_gets.get() + 1);
         }
         ppn
     }
@@ -639,7 +640,7 @@ impl MappingTable for LearnedMapping {
         Some(if gets == 0 {
             1.0
         } else {
-            self.compressed_gets.get() as f64 / gets as f64
+            (gets - self.buffered_gets.get()) as f64 / gets as f64
         })
     }
 }
