@@ -386,6 +386,16 @@ impl Place {
             self.h.live
         }
     }
+
+    /// The PPN at distance `dx` from the start of this place's segment: `segment_ppn` without
+    /// decoding the segment's record again (the neighbours' checks of `update_in_place`).
+    #[inline]
+    fn ppn_at(&self, b: &[u8], dx: u32) -> u32 {
+        let bit = self.res_bit - u64::from(self.dx) * u64::from(self.width)
+            + u64::from(dx) * u64::from(self.width);
+        let residual = rd_bits(b, self.h.residuals_at(), bit, self.width);
+        (predict(self.base, self.slope, dx) + residual as i64) as u32
+    }
 }
 
 /// The PPN at distance `dx` from the start of segment `j` of a segment blob.
@@ -505,10 +515,10 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
             let first = rd16(b, p.seg_at() + 2 * (j - 1));
             Some(segment_ppn(b, &p.h, j - 1, p.seg_first - 1 - first))
         }
-        (dx, j) => Some(segment_ppn(b, &p.h, j, dx - 1)),
+        (dx, _) => Some(p.ppn_at(b, dx - 1)),
     };
     let right = if p.seg_first + p.dx + 1 < seg_end {
-        Some(segment_ppn(b, &p.h, p.j, p.dx + 1))
+        Some(p.ppn_at(b, p.dx + 1))
     } else {
         (p.j + 1 < p.h.n_segments).then(|| segment_ppn(b, &p.h, p.j + 1, 0))
     };
