@@ -1,0 +1,81 @@
+//! The learned table alone on a trace's update stream, each phase in a function of its own, so
+//! that callgrind can count one phase's instructions (reproducible where wall-clock timings on a
+//! shared VM are not; `ftlab mapbench` re-executes itself and times every table, which gets in
+//! the way of a profiler):
+//!
+//! ```text
+//! cargo build --release --example mapprof
+//! valgrind --tool=callgrind --toggle-collect='mapprof::updates' \
+//!     target/release/examples/mapprof ../shared/traces/pgbench.nbdlog.gz
+//! ```
+//!
+//! Phases: `updates` (every SET and REMOVE, log-head PPNs), `trace_gets` (the trace's lookups in
+//! order) and `random_gets` (every live LPN once, shuffled). It prints each phase's wall time per
+//! operation and the table's merge statistics.
+
+use ftlab::ftl::mapping::learned::LearnedMapping;
+use ftlab::ftl::mapping::MappingTable;
+use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Instant;
+
+#[inline(never)]
+fn updates(table: &mut LearnedMapping, updates: &[(u32, u32)]) {
+    for &(lpn, v) in updates {
+        if v == REMOVE {
+            black_box(table.remove(lpn));
+        } else {
+            black_box(table.set(lpn, v));
+        }
+    }
+}
+
+#[inline(never)]
+fn trace_gets(table: &LearnedMapping, lpns: &[u32]) -> u64 {
+    lpns.iter().fold(0u64, |sum, &lpn| {
+        sum.wrapping_add(u64::from(black_box(table.get(black_box(lpn))).unwrap_or(0)))
+    })
+}
+
+/// Not folded into `trace_gets` by the linker (identical code would be): it sums differently.
+#[inline(never)]
+fn random_gets(table: &LearnedMapping, lpns: &[u32]) -> u64 {
+    lpns.iter().fold(1u64, |sum, &lpn| {
+        sum.wrapping_mul(3)
+            .wrapping_add(u64::from(black_box(table.get(black_box(lpn))).unwrap_or(0)))
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(trace) = std::env::args().nth(1) else {
+        eprintln!("usage: mapprof TRACE (any format `ftlab sim` reads)");
+        std::process::exit(2);
+    };
+    let ops = ops_from_trace(Path::new(&trace), None, None, PpnSource::LogHead)?;
+    let mut table = LearnedMapping::new(ops.logical_pages);
+    let per_op = |start: Instant, n: usize| start.elapsed().as_nanos() as f64 / n.max(1) as f64;
+
+    let t = Instant::now();
+    updates(&mut table, &ops.updates);
+    let set_ns = per_op(t, ops.updates.len());
+    let t = Instant::now();
+    let a = trace_gets(&table, &ops.gets);
+    let get_ns = per_op(t, ops.gets.len());
+    let t = Instant::now();
+    let b = random_gets(&table, &ops.random_gets);
+    let random_ns = per_op(t, ops.random_gets.len());
+
+    println!(
+        "{trace}: {} updates {set_ns:.1} ns each; {} trace-order gets {get_ns:.1} ns; {} random gets {random_ns:.1} ns (checksums {a} {b})",
+        ops.updates.len(),
+        ops.gets.len(),
+        ops.random_gets.len(),
+    );
+    println!(
+        "{:?}; {} LPNs buffered at the end",
+        table.stats(),
+        table.buffered_entries()
+    );
+    Ok(())
+}
