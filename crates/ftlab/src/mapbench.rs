@@ -4,8 +4,9 @@
 //! REMOVE per trimmed page, in trace order. PPNs come either from a log head (each page write
 //! takes the next PPN, the JDB-FTL report's method) or from the simulator itself (its real
 //! PPNs, and the garbage collection's relocations where the trace makes it run). Lookups (GET)
-//! are every page the trace reads or writes, in trace order, after the updates. Every table is then read back in full against an oracle and
-//! its memory measured twice: its own exact accounting and the allocator's statistics.
+//! are every page the trace reads or writes, in trace order, after the updates. Every table is
+//! then read back in full against an oracle and its memory measured twice: its own exact
+//! accounting and the allocator's statistics.
 //!
 //! Must not know: any table's internals (everything goes through `MappingTable`).
 
@@ -42,12 +43,12 @@ pub struct MapOps {
     pub simulator: Option<SimulatorRun>,
 }
 
-/// The simulated drive behind `--ppns simulator`. Its PPNs differ from a log head's only
-/// where the garbage collection moved pages (a page write takes the next page of the open
-/// block, as a log head does), so the header says whether it did.
+/// The simulated drive behind `--ppns simulator`. A page write takes the next page of the open
+/// block, as a log head does, so its PPNs differ from a log head's only where the garbage
+/// collection moved pages or erased blocks were written again: the header says what it did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SimulatorRun {
-    /// Write amplification: 1.0 when the GC never ran.
+    /// Write amplification: 1.0 when the GC moved nothing.
     pub waf: f64,
     /// Pages the garbage collection moved (each a table update).
     pub gc_write_pages: u64,
