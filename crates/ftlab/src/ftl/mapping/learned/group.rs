@@ -855,7 +855,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     if needs_points {
         points(&s.runs, CONE_PROBE_POINTS.min(all), &mut s.ys);
     }
-    if s.best.len() * 2 > live as usize {
+    if s.best.len() * 2 > all {
         // Mostly single points: the cone fit also finds exact lines of other slopes (descending,
         // strided), if the first points show any (any two points make a line, so lines of
         // four or more are what count).

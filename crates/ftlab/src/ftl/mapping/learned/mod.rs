@@ -406,20 +406,13 @@ impl LearnedMapping {
             }
         };
         self.last_delta = (g, d);
-        let delta = &mut self.deltas[d as usize];
-        // A sequential write (or trim) continues the run the group's last write went to: what
-        // `assign` would do after its search, in a few comparisons, also where the write goes
-        // over buffered runs (a file system rewriting what it trimmed). `write_delta` tried
-        // this for the group written last; here it is the first write after a switch.
-        if let Some(covered) =
-            value.and_then(|v| runs::extend_at(&mut delta.runs, usize::from(delta.cursor), off, v))
-        {
-            if !covered {
-                delta.entries += 1;
-                self.buffered_entries += 1;
-            }
+        // A sequential write (or trim) continues the run the group's last write went to:
+        // `write_delta` tried this for the group written last; here it is the first write after
+        // a switch.
+        if value.is_some_and(|v| self.extend_last_written(lpn, v)) {
             return;
         }
+        let delta = &mut self.deltas[d as usize];
         // `assign` adds at most two runs. Growth by doubling would leave up to half of the
         // buffer's lists spare (counted in the table's bytes); by a quarter it leaves a fifth,
         // amortised O(1) all the same.
