@@ -134,6 +134,7 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
     ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("| learned |"), "{stdout}");
+    assert!(stdout.contains("| throughput / flat-u64's |"), "{stdout}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["live_mappings"].as_u64().unwrap() > 100_000);
@@ -154,6 +155,12 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
             assert!(t[key].as_f64().is_some(), "{key} in {t}");
         }
         assert_eq!(t["lossless_verified"], true, "{t}");
+        // Ratios to the flat u64 array of the same run, as printed.
+        for (ratio, mops) in [("get", "get_mops"), ("set", "set_mops")] {
+            let want = t[mops].as_f64().unwrap() / tables[0][mops].as_f64().unwrap();
+            let got = t["vs_flat_u64"][ratio].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-3 * want.max(1.0), "{ratio} in {t}");
+        }
         // Exact accounting agrees with glibc's statistics (chunk headers aside).
         if let Some(a) = t["allocator_bytes"].as_f64() {
             let b = t["bytes"].as_f64().unwrap();
