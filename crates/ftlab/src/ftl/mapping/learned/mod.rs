@@ -102,6 +102,31 @@ struct Span {
 
 const SPAN_UNMAPPED: u32 = u32::MAX;
 
+/// Where the last span the compressed layer gave ended: the LPN after it, its place in the blob
+/// (`group::lookup_next`), and the group's next buffered run. Forgotten by every write to the
+/// buffer and every merge; kept while a blob changes in place (its layout stays).
+#[derive(Clone, Copy, Debug)]
+struct Follow {
+    /// Never at a group's first offset, so 0 means none (forgetting writes just this).
+    lpn: u32,
+    at: group::Finger,
+    /// The group's index in `deltas` (`NO_DELTA`: nothing buffered), and the index of its first
+    /// buffered run after `lpn`.
+    delta: u32,
+    next_run: u32,
+}
+
+const NO_DELTA: u32 = u32::MAX;
+
+impl Follow {
+    const NONE: Follow = Follow {
+        lpn: 0,
+        at: group::Finger::NONE,
+        delta: NO_DELTA,
+        next_run: 0,
+    };
+}
+
 impl Span {
     #[inline]
     fn get(&self, lpn: u32) -> Option<Option<u32>> {
@@ -163,6 +188,7 @@ pub struct LearnedMapping {
     /// Lookups the buffer answered (the rare case, so the common one writes one counter).
     buffered_gets: Cell<u64>,
     span: Cell<Span>,
+    follow: Cell<Follow>,
     /// What the last lookup made for an update learned of its LPN's blob (`group::Lookup::room`):
     /// the PPNs that could go in place. Only a hint (`update_in_place` checks again).
     room_hint: Cell<(u32, (u32, u32))>,
@@ -191,6 +217,7 @@ impl LearnedMapping {
             gets: Cell::new(0),
             buffered_gets: Cell::new(0),
             span: Cell::new(Span::default()),
+            follow: Cell::new(Follow::NONE),
             room_hint: Cell::new((0, group::NO_ROOM)),
             stats: LearnedStats::default(),
         }
@@ -248,13 +275,34 @@ impl LearnedMapping {
         self.lookup_slow::<ROOM>(lpn)
     }
 
-    /// Searches the buffer, then the compressed layer, and remembers the span found.
+    /// Searches the buffer, then the compressed layer, and remembers the span found; an LPN
+    /// right after the last span the compressed layer gave is found without a search.
     fn lookup_slow<const ROOM: bool>(&self, lpn: u32) -> (Option<u32>, bool) {
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
         let group_lpn = lpn - off;
+        let follow = self.follow.get();
+        if lpn == follow.lpn && off != 0 {
+            // Its group has a blob, and its buffered runs have not changed since (a write
+            // would have forgotten `follow`); the next of them bounds the span.
+            if let Some(blob) = self.groups.blob(g) {
+                let hi = match self.deltas.get(follow.delta as usize) {
+                    Some(delta) => delta
+                        .runs
+                        .get(follow.next_run as usize)
+                        .map_or(GROUP_LPNS as u32, |r| r.start()),
+                    None => GROUP_LPNS as u32,
+                };
+                let found = group::lookup_next::<ROOM>(blob, off, follow.at);
+                return self.found::<ROOM>(lpn, found, (0, hi), follow);
+            }
+        }
         // The buffer's runs next to `off` bound any span the compressed layer gives.
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
+        let mut follow = Follow {
+            delta: NO_DELTA,
+            ..Follow::NONE
+        };
         if let Some(&d) = self.delta(g) {
             let runs = &self.deltas[d as usize].runs;
             let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
@@ -275,6 +323,11 @@ impl LearnedMapping {
             if let Some(r) = runs.get(i) {
                 hi = r.start();
             }
+            follow = Follow {
+                delta: d,
+                next_run: i as u32,
+                ..Follow::NONE
+            };
         }
         let found = match self.groups.blob(g) {
             Some(blob) => group::lookup_with::<ROOM>(blob, off),
@@ -283,15 +336,42 @@ impl LearnedMapping {
                 lo: 0,
                 hi: GROUP_LPNS as u32,
                 room: group::NO_ROOM,
+                next: group::Finger::NONE,
             },
         };
-        let (lo, hi) = (lo.max(found.lo), hi.min(found.hi));
+        self.found::<ROOM>(lpn, found, (lo, hi), follow)
+    }
+
+    /// Remembers what the compressed layer answered for `lpn`, within `lo..hi` (offsets the
+    /// buffer does not hold): the span; where the next lookup may follow on, when the span
+    /// ends before `hi` (`follow` says which of the group's buffered runs is next); and for an
+    /// update, the room in place.
+    #[inline(always)]
+    fn found<const ROOM: bool>(
+        &self,
+        lpn: u32,
+        found: group::Lookup,
+        (lo, hi): (u32, u32),
+        follow: Follow,
+    ) -> (Option<u32>, bool) {
+        let off = lpn & OFFSET_MASK;
+        let group_lpn = lpn - off;
         self.span.set(Span {
-            lo: group_lpn + lo,
-            len: hi - lo,
-            ppn_lo: found.ppn.map_or(SPAN_UNMAPPED, |p| p - (off - lo)),
+            lo: group_lpn + lo.max(found.lo),
+            len: hi.min(found.hi) - lo.max(found.lo),
+            ppn_lo: found
+                .ppn
+                .map_or(SPAN_UNMAPPED, |p| p - (off - lo.max(found.lo))),
             buffered: false,
         });
+        // (An empty group's span is the whole group: nothing follows it.)
+        if found.hi < hi {
+            self.follow.set(Follow {
+                lpn: group_lpn + found.hi,
+                at: found.next,
+                ..follow
+            });
+        }
         if ROOM {
             self.room_hint.set((lpn, found.room));
         }
@@ -349,6 +429,7 @@ impl LearnedMapping {
             self.buffered_entries += 1;
         }
         self.span.get_mut().forget(lpn);
+        self.follow.get_mut().lpn = 0;
         true
     }
 
@@ -381,6 +462,7 @@ impl LearnedMapping {
     #[inline(never)]
     fn write_delta_slow(&mut self, lpn: u32, value: Option<u32>) {
         self.span.get_mut().forget(lpn);
+        self.follow.get_mut().lpn = 0;
         let g = lpn >> GROUP_SHIFT;
         let off = lpn & OFFSET_MASK;
         let cached = self.last_delta;
@@ -500,6 +582,7 @@ impl LearnedMapping {
             .set(g, group::encode_runs(&work.merged, &mut work.encode));
         // The span may say "buffered" for what is now compressed (only the statistics care).
         *self.span.get_mut() = Span::default();
+        self.follow.get_mut().lpn = 0;
         self.stats.merges += 1;
         self.stats.merged_entries += u64::from(delta.entries);
     }
