@@ -2,12 +2,12 @@
 //! per blob; one tail pad for all) and a two-level directory from group number to arena
 //! position. Each chunk of the directory starts as a sorted list of the groups present (searched
 //! on lookup), and becomes a bitmap with ranks (a bit test and a popcount), then a dense array
-//! (one load), each once it is smaller than the form before or costs under 1/32 of the blobs. A
+//! (one load), each once it is smaller than the form before or costs under 1/16 of the blobs. A
 //! sparsely written device (the MSR samples: a few hundred LPNs scattered over 16 GiB) then costs
 //! bytes per group present, not per group of the device.
 //!
-//! Replaced blobs become garbage in the arena, collected (by copying the live blobs) once it is
-//! half garbage: amortised O(1) bytes moved per byte written.
+//! Replaced blobs become garbage in the arena, collected (by copying the live blobs) once a
+//! quarter of it is garbage: amortised O(1) bytes moved per byte written.
 
 use super::group;
 
@@ -184,10 +184,10 @@ impl GroupStore {
         let chunk_groups = CHUNK_GROUPS.min(self.groups - c * CHUNK_GROUPS);
         let chunk = &mut self.chunks[c];
         // A chunk moves to a faster form (list -> bitmap -> array) once that is smaller, or
-        // once it costs under 1/32 of the blobs: then a lookup finds its group in a load or
+        // once it costs under 1/16 of the blobs: then a lookup finds its group in a load or
         // two instead of a search.
         let faster_pays = |faster_bytes: usize, current_bytes: usize| {
-            faster_bytes < current_bytes || faster_bytes * 32 <= live_blob_bytes
+            faster_bytes < current_bytes || faster_bytes * 16 <= live_blob_bytes
         };
         let dense_bytes = chunk_groups * 4;
         match chunk {
