@@ -361,42 +361,21 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
     let i = usize::from(at.run);
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
-        let start = if i < n {
-            rd16(b, 2 + 2 * i)
-        } else {
-            GROUP_LPNS as u32
-        };
-        if off < start {
-            return Lookup {
-                ppn: None,
-                lo: off,
-                hi: start,
-                room: NO_ROOM,
-                next: at,
-            };
+        match run_reached(b, 2, n, off, at) {
+            // A run list's spans are whole runs: following on lands on a run's start.
+            Ok(start) => debug_assert_eq!(off, start),
+            Err(hole) => return hole,
         }
-        debug_assert_eq!(off, start);
         return run_answer(b, n, i, off);
     }
     let h = Header::read(b);
     let (start, len) = if h.n_intervals == 0 {
         (0, GROUP_LPNS as u32)
     } else {
-        let start = if i < h.n_intervals {
-            rd16(b, HEADER_BYTES + 2 * i)
-        } else {
-            GROUP_LPNS as u32
-        };
-        if off < start {
-            return Lookup {
-                ppn: None,
-                lo: off,
-                hi: start,
-                room: NO_ROOM,
-                next: at,
-            };
+        match run_reached(b, HEADER_BYTES, h.n_intervals, off, at) {
+            Ok(start) => (start, interval_rank(b, &h, i + 1) - interval_rank(b, &h, i)),
+            Err(hole) => return hole,
         }
-        (start, interval_rank(b, &h, i + 1) - interval_rank(b, &h, i))
     };
     let rank = u32::from(at.rank);
     let j = if at.segment == SEGMENT_UNKNOWN {
@@ -409,6 +388,29 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
         last_le(b, h.segments_at(), h.n_segments, rank, h.live)
     );
     segment_answer::<ROOM>(b, &h, i, (start, len), off, rank, j)
+}
+
+/// Following on at `off` (`at` from the span before): the start of run `at.run` (the `n` run
+/// starts are u16s at `starts_at`; past the last, the group's end) when `off` has reached it,
+/// or the hole from `off` up to it.
+#[inline]
+fn run_reached(b: &[u8], starts_at: usize, n: usize, off: u32, at: Finger) -> Result<u32, Lookup> {
+    let i = usize::from(at.run);
+    let start = if i < n {
+        rd16(b, starts_at + 2 * i)
+    } else {
+        GROUP_LPNS as u32
+    };
+    if off < start {
+        return Err(Lookup {
+            ppn: None,
+            lo: off,
+            hi: start,
+            room: NO_ROOM,
+            next: at,
+        });
+    }
+    Ok(start)
 }
 
 /// Rank of the first offset of interval `i` of a segment blob (`live` past the last).
