@@ -40,6 +40,17 @@ pub fn check_table<M: MappingTable>(
             "{}",
             table.name()
         );
+        // Lookups between updates, of the LPN and the two after it: a table that remembers
+        // where its last lookup ended (learned: the cursor and the follow-on position) must
+        // not answer from what the update changed.
+        for l in lpn..lpn.saturating_add(3).min(lpns) {
+            assert_eq!(
+                table.get(l),
+                oracle.get(&l).copied(),
+                "{}: lpn {l} after an update of lpn {lpn}",
+                table.name()
+            );
+        }
         after_op(table, &oracle);
     }
     for lpn in 0..lpns {
@@ -50,8 +61,14 @@ pub fn check_table<M: MappingTable>(
             table.name()
         );
     }
+    // A lookup just before compacting, and the read-back starting right after it: where a
+    // lookup ended must not outlive the re-encoding.
+    let mid = lpns / 2;
+    if mid < lpns {
+        table.get(mid);
+    }
     table.compact();
-    for lpn in 0..lpns {
+    for lpn in (mid + 1..lpns).chain(0..(mid + 1).min(lpns)) {
         let want = oracle.get(&lpn).copied();
         assert_eq!(
             table.get(lpn),
