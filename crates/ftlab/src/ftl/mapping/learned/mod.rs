@@ -299,10 +299,7 @@ impl LearnedMapping {
         }
         // The buffer's runs next to `off` bound any span the compressed layer gives.
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
-        let mut follow = Follow {
-            delta: NO_DELTA,
-            ..Follow::NONE
-        };
+        let mut follow = Follow::NONE;
         if let Some(&d) = self.delta(g) {
             let runs = &self.deltas[d as usize].runs;
             let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
