@@ -8,7 +8,8 @@
 //! the mean share is decoded to runs, the buffered runs laid over them, and the group re-encoded.
 //! The bound is a fraction of the live mappings, so the compressed layer, not the buffer, answers
 //! most lookups (`compressed_get_fraction`). A one-entry cursor (`Span`) remembers the range the
-//! last lookup resolved, so sequential lookups and updates skip the searches.
+//! last lookup resolved, so sequential lookups and updates skip the searches; and where that
+//! range ended in its blob (`Follow`), so a lookup of the LPN right after it does too.
 //!
 //! Must not know: flash geometry beyond the LPN count, timing, or where PPNs come from.
 
