@@ -284,14 +284,10 @@ pub struct Finger {
 const SEGMENT_UNKNOWN: u16 = u16::MAX;
 
 impl Finger {
-    pub const NONE: Finger = Finger {
-        run: 0,
-        rank: 0,
-        segment: SEGMENT_UNKNOWN,
-    };
+    pub const NONE: Finger = Finger::before_run(0);
 
     /// In the hole before run `i` (its rank and segment still to be found).
-    fn before_run(i: usize) -> Finger {
+    const fn before_run(i: usize) -> Finger {
         Finger {
             run: i as u16,
             rank: 0,
@@ -682,7 +678,7 @@ pub fn encoded_len(b: &[u8]) -> usize {
         0
     } else {
         let last = h.n_segments - 1;
-        let first_rank = rd16(b, HEADER_BYTES + 4 * h.n_intervals + 2 * last);
+        let first_rank = rd16(b, h.segments_at() + 2 * last);
         let (_, _, width, res_off) = h.record(b, last);
         res_off + u64::from(h.live - first_rank) * u64::from(width)
     };
@@ -817,7 +813,7 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
         return;
     }
     let h = Header::read(b);
-    let seg_at = HEADER_BYTES + 4 * h.n_intervals;
+    let seg_at = h.segments_at();
     let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
     let res_at = h.residuals_at();
     let mut interval = 0usize;

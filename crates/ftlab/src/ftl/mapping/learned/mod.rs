@@ -354,12 +354,12 @@ impl LearnedMapping {
     ) -> (Option<u32>, bool) {
         let off = lpn & OFFSET_MASK;
         let group_lpn = lpn - off;
+        // The answer's span, within the offsets the buffer does not hold.
+        let (span_lo, span_hi) = (lo.max(found.lo), hi.min(found.hi));
         self.span.set(Span {
-            lo: group_lpn + lo.max(found.lo),
-            len: hi.min(found.hi) - lo.max(found.lo),
-            ppn_lo: found
-                .ppn
-                .map_or(SPAN_UNMAPPED, |p| p - (off - lo.max(found.lo))),
+            lo: group_lpn + span_lo,
+            len: span_hi - span_lo,
+            ppn_lo: found.ppn.map_or(SPAN_UNMAPPED, |p| p - (off - span_lo)),
             buffered: false,
         });
         // (An empty group's span is the whole group: nothing follows it.)
