@@ -34,9 +34,16 @@
 //! PPNs cost about log2(their spread) bits each.
 
 use super::fit::{self, bits_for, predict, Segment};
+use super::words::{self, WORDS_FLAG};
 use super::GROUP_LPNS;
 
 const HEADER_BYTES: usize = 20;
+/// A group takes the bitmap-word encoding (`words.rs`) when it costs at most this fraction
+/// (numerator, denominator) of the smaller of the other two...
+pub const WORDS_MAX_GROWTH: (usize, usize) = (3, 2);
+/// ...and at most 4 bytes per mapping plus this: a full group of random PPNs packed in one
+/// segment (docs/mapping.md, "Worst case"), so the bound there holds for every encoding.
+const WORST_CASE_GROUP_BYTES: usize = HEADER_BYTES + 2 + 3;
 /// Readable bytes the caller keeps after every blob.
 pub const TAIL_PAD: usize = 8;
 const RUNS_FLAG: u32 = 0x8000;
@@ -47,7 +54,7 @@ pub const UNMAPPED: u32 = u32::MAX;
 // that debug builds (and the test profile) still make.
 
 #[inline]
-fn rd16(b: &[u8], at: usize) -> u32 {
+pub(super) fn rd16(b: &[u8], at: usize) -> u32 {
     debug_assert!(at + 2 <= b.len());
     // SAFETY: in bounds by construction (see above).
     u32::from(u16::from_le(unsafe {
@@ -57,7 +64,7 @@ fn rd16(b: &[u8], at: usize) -> u32 {
 
 /// The 8 bytes at `at`, little endian.
 #[inline]
-fn rd64(b: &[u8], at: usize) -> u64 {
+pub(super) fn rd64(b: &[u8], at: usize) -> u64 {
     debug_assert!(at + 8 <= b.len());
     // SAFETY: in bounds by construction (see above).
     u64::from_le(unsafe { std::ptr::read_unaligned(b.as_ptr().add(at) as *const u64) })
@@ -65,7 +72,7 @@ fn rd64(b: &[u8], at: usize) -> u64 {
 
 /// `width` (<= 56) bits starting `bit` bits after byte `at`.
 #[inline]
-fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
+pub(super) fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
     let p = at + (bit / 8) as usize;
     debug_assert!(p + 8 <= b.len());
     // SAFETY: in bounds by construction (see above).
@@ -75,7 +82,7 @@ fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
 
 /// Overwrites the `width` (<= 56) bits starting `bit` bits after byte `at` with `value`.
 #[inline]
-fn wr_bits(b: &mut [u8], at: usize, bit: u64, width: u32, value: u64) {
+pub(super) fn wr_bits(b: &mut [u8], at: usize, bit: u64, width: u32, value: u64) {
     let p = at + (bit / 8) as usize;
     let word: &mut [u8; 8] = (&mut b[p..p + 8]).try_into().expect("8 bytes");
     let mask = ((1u64 << width) - 1) << (bit % 8);
@@ -301,7 +308,7 @@ pub const NO_ROOM: (u32, u32) = (1, 0);
 
 /// The values `lo + 0..2^width` clipped to PPNs.
 #[inline]
-fn room(lo: i64, width: u32) -> (u32, u32) {
+pub(super) fn room(lo: i64, width: u32) -> (u32, u32) {
     let hi = lo + (1i64 << width) - 1;
     (
         lo.clamp(0, i64::from(u32::MAX)) as u32,
@@ -325,8 +332,12 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
 /// its struct) ran 10-30 % slower on pgbench's short runs, in `ftlab mapbench`.
 #[inline]
 pub fn lookup_with<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
-    if rd16(b, 0) & RUNS_FLAG != 0 {
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG != 0 {
         return runs_lookup(b, off);
+    }
+    if first & WORDS_FLAG != 0 {
+        return words::lookup_with::<ROOM>(b, off);
     }
     let h = Header::read(b);
     // The run of mapped offsets holding `off`: [start, start + len), ranks from `rank0`.
@@ -355,6 +366,9 @@ pub fn lookup_with<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
 #[inline]
 pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
     let i = usize::from(at.run);
+    if rd16(b, 0) & WORDS_FLAG != 0 {
+        return words::lookup_with::<ROOM>(b, off);
+    }
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
         match run_reached(b, 2, n, off, at) {
@@ -571,6 +585,9 @@ fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
 /// the new PPN would continue a neighbour's: a merge then re-encodes the group, so that a group
 /// that turns sequential shrinks instead of keeping its random layout.
 pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
+    if rd16(b, 0) & WORDS_FLAG != 0 {
+        return words::update_in_place(b, off, ppn);
+    }
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
         let (offs_at, lens_at, ppns_at) = (2, 2 + 2 * n, 2 + 4 * n);
@@ -672,6 +689,9 @@ pub fn encoded_len(b: &[u8]) -> usize {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {
         return 2 + 8 * (first & !RUNS_FLAG) as usize;
+    }
+    if first & WORDS_FLAG != 0 {
+        return words::encoded_len(b);
     }
     let h = Header::read(b);
     let residual_bits = if h.w_off == 0 {
@@ -802,6 +822,9 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
     // copies were a tenth of pgbench's update time).
     out.reserve(live(b) as usize);
     let first = rd16(b, 0);
+    if first & WORDS_FLAG != 0 {
+        return words::decode_runs(b, out);
+    }
     if first & RUNS_FLAG != 0 {
         let n = (first & !RUNS_FLAG) as usize;
         for i in 0..n {
@@ -1044,6 +1067,18 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
         }
     }
 
+    // Bitmap words where they cost little more than the smallest: a lookup there takes no
+    // search. Never above the worst case of the others (a flat u32 array plus a constant).
+    let smallest = runs_bytes.min(best_bytes);
+    let words_cap = (smallest * WORDS_MAX_GROWTH.0 / WORDS_MAX_GROWTH.1)
+        .min(4 * live as usize + WORST_CASE_GROUP_BYTES);
+    if words::FIXED_BYTES <= words_cap {
+        let plan = words::plan(&s.runs);
+        if plan.bytes <= words_cap {
+            words::write(&s.runs, &plan, &mut s.out);
+            return Some(s.out.as_slice());
+        }
+    }
     let out = &mut s.out;
     out.clear();
     // The smaller encoding is taken, so the run list's size bounds it.
@@ -1136,6 +1171,9 @@ fn points(runs: &[GroupRun], n: usize, ys: &mut Vec<u32>) {
 /// Mapped LPNs in the blob.
 pub fn live(b: &[u8]) -> u32 {
     let first = rd16(b, 0);
+    if first & WORDS_FLAG != 0 {
+        return words::live(b);
+    }
     if first & RUNS_FLAG == 0 {
         return first;
     }
@@ -1177,12 +1215,32 @@ mod tests {
         }
     }
 
+    /// `dense` in the bitmap-word encoding, whatever `encode_runs` would choose, padded.
+    fn encode_words(dense: &[u32]) -> Vec<u8> {
+        let mut runs = Vec::new();
+        for (off, &ppn) in dense.iter().enumerate() {
+            if ppn != UNMAPPED {
+                push_run(&mut runs, off as u32, 1, ppn);
+            }
+        }
+        let plan = words::plan(&runs);
+        let mut blob = Vec::new();
+        words::write(&runs, &plan, &mut blob);
+        assert_eq!(encoded_len(&blob), blob.len());
+        assert_eq!(blob.len(), plan.bytes);
+        blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+        blob
+    }
+
+    /// The size of `dense`'s encoding, after checking it reads back (and that the bitmap-word
+    /// encoding of it does too).
     fn roundtrip(dense: &[u32]) -> usize {
         let mut s = Scratch::default();
         let Some(encoded) = encode(dense, &mut s) else {
             assert!(dense.iter().all(|&p| p == UNMAPPED));
             return 0;
         };
+        check_blob(&encode_words(dense), dense);
         let mut blob = encoded.to_vec();
         let len = blob.len();
         assert_eq!(encoded_len(&blob), len);
@@ -1262,15 +1320,26 @@ mod tests {
         }
         let long_runs: Vec<u32> = (0..g).map(|i| (i / 512) * 100_000 + i).collect();
         let mut s = Scratch::default();
-        for (name, mut dense) in [
+        let shapes = [
             ("scattered", scattered),
             ("short runs", short_runs),
             ("few", few),
             ("long runs", long_runs),
-        ] {
-            let mut blob = encode(&dense, &mut s).expect("mapped").to_vec();
-            let len = blob.len();
-            blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+        ];
+        // As `encode_runs` chooses, then all in bitmap words.
+        for (name, mut dense, forced_words) in shapes
+            .iter()
+            .map(|(n, d)| (*n, d.clone(), false))
+            .chain(shapes.iter().map(|(n, d)| (*n, d.clone(), true)))
+        {
+            let mut blob = if forced_words {
+                encode_words(&dense)
+            } else {
+                let mut blob = encode(&dense, &mut s).expect("mapped").to_vec();
+                blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+                blob
+            };
+            let len = blob.len() - TAIL_PAD;
             let mapped: Vec<u32> = (0..g).filter(|&o| dense[o as usize] != UNMAPPED).collect();
             let (mut done, mut tried) = (0, 0);
             for round in 0..3000 {
@@ -1304,9 +1373,9 @@ mod tests {
             }
             check_blob(&blob, &dense);
             // Where values are packed (or single pages), most random updates fit; exact
-            // segments take none.
-            match name {
-                "long runs" => assert_eq!(done, 0, "{name}"),
+            // segments take none, nor do bitmap words holding one run (they store no residual).
+            match (name, forced_words) {
+                ("long runs", _) | ("few", true) => assert_eq!(done, 0, "{name}"),
                 _ => assert!(done * 2 > tried, "{name}: {done} of {tried} in place"),
             }
         }
