@@ -1,5 +1,6 @@
 //! One group's compressed form: a byte blob that answers a lookup without decoding the rest.
-//! Each group takes the smaller of two encodings (docs/mapping.md draws both).
+//! Each group takes the smaller of the two below, or the bitmap words of `words.rs` where those
+//! cost little more (docs/mapping.md draws all three).
 //!
 //! Segments (the learned encoding), little endian:
 //!
@@ -1165,6 +1166,26 @@ fn points(runs: &[GroupRun], n: usize, ys: &mut Vec<u32>) {
         if ys.len() == n {
             break;
         }
+    }
+}
+
+/// The encodings a blob may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    Runs,
+    Segments,
+    Words,
+}
+
+/// Which encoding the blob at the start of `b` uses.
+pub fn encoding(b: &[u8]) -> Encoding {
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG != 0 {
+        Encoding::Runs
+    } else if first & WORDS_FLAG != 0 {
+        Encoding::Words
+    } else {
+        Encoding::Segments
     }
 }
 

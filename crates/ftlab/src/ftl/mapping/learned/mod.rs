@@ -240,6 +240,17 @@ impl LearnedMapping {
         &self.stats
     }
 
+    /// Groups holding mappings, by encoding: run lists, segments, bitmap words.
+    pub fn encodings(&self) -> [u64; 3] {
+        let mut counts = [0; 3];
+        for g in 0..self.groups.groups() as u32 {
+            if let Some(blob) = self.groups.blob(g) {
+                counts[group::encoding(blob) as usize] += 1;
+            }
+        }
+        counts
+    }
+
     /// LPNs whose latest update is still in the buffer.
     pub fn buffered_entries(&self) -> u64 {
         self.buffered_entries

@@ -127,6 +127,11 @@ impl GroupStore {
         }
     }
 
+    /// Groups of the device (with a blob or not).
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+
     /// Group `g`'s blob (followed by at least `TAIL_PAD` readable bytes), if it has one.
     #[inline]
     pub fn blob(&self, g: u32) -> Option<&[u8]> {
