@@ -1010,11 +1010,19 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
         }
     }
     let mut best_bytes = layout(n_intervals, &s.best).bytes;
+    // Bitmap words are sized in one pass. Where they are taken already (within the cap) and no
+    // larger than the exact segments, the candidates below (each one or more passes over the
+    // points) would have to beat them by a third to change that: skip those.
+    let cap = words_cap(runs_bytes.min(best_bytes), live);
+    let words_plan = (words::FIXED_BYTES <= cap).then(|| words::plan(&s.runs));
+    let words_first = words_plan
+        .as_ref()
+        .is_some_and(|p| p.bytes <= best_bytes && p.bytes <= cap);
     // A single segment that is not an exact line stores at least a bit per point: where the
     // best so far is smaller than that, packing and the endpoint line cannot win.
     let single_floor = HEADER_BYTES + 4 * n_intervals + 2 + all.div_ceil(8);
     // Long exact runs cannot be beaten by much: a segment's few bytes are spread over them.
-    if needs_points {
+    if needs_points && !words_first {
         for trial in 0..CANDIDATES {
             match trial {
                 0 | 1 if best_bytes <= single_floor => continue,
@@ -1068,14 +1076,8 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
         }
     }
 
-    // Bitmap words where they cost little more than the smallest: a lookup there takes no
-    // search. Never above the worst case of the others (a flat u32 array plus a constant).
-    let smallest = runs_bytes.min(best_bytes);
-    let words_cap = (smallest * WORDS_MAX_GROWTH.0 / WORDS_MAX_GROWTH.1)
-        .min(4 * live as usize + WORST_CASE_GROUP_BYTES);
-    if words::FIXED_BYTES <= words_cap {
-        let plan = words::plan(&s.runs);
-        if plan.bytes <= words_cap {
+    if let Some(plan) = words_plan {
+        if plan.bytes <= words_cap(runs_bytes.min(best_bytes), live) {
             words::write(&s.runs, &plan, &mut s.out);
             return Some(s.out.as_slice());
         }
@@ -1150,6 +1152,14 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     w.finish();
     debug_assert_eq!(out.len(), l.bytes);
     Some(out.as_slice())
+}
+
+/// The largest bitmap-word blob a group of `live` mappings takes, where the smaller of the other
+/// two encodings takes `smallest` bytes: a little more than that (a lookup there takes no
+/// search), and never above the others' worst case (a flat u32 array plus a constant).
+fn words_cap(smallest: usize, live: u32) -> usize {
+    (smallest * WORDS_MAX_GROWTH.0 / WORDS_MAX_GROWTH.1)
+        .min(4 * live as usize + WORST_CASE_GROUP_BYTES)
 }
 
 /// The PPNs of the first `n` ranks of `runs` (`n` at most their count), into `ys`; nothing to
