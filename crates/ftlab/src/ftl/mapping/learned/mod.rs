@@ -455,10 +455,14 @@ impl LearnedMapping {
         let delta = &mut self.deltas[d as usize];
         let at = usize::from(delta.cursor);
         let off = lpn & OFFSET_MASK;
+        // The run extended ends at `off - 1`, whose word is marked: only one entering a new
+        // word marks another (marking it when the extension fails is harmless: a superset).
+        if off.is_multiple_of(64) {
+            delta.words |= word_bit(off);
+        }
         let Some(covered) = runs::extend_at(&mut delta.runs, at, off, ppn) else {
             return false;
         };
-        delta.words |= word_bit(off);
         if !covered {
             delta.entries += 1;
             self.buffered_entries += 1;
