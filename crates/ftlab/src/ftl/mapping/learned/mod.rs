@@ -85,23 +85,9 @@ struct Delta {
     /// LPNs covered by `runs` (at most `GROUP_LPNS`).
     entries: u16,
     /// The run the group's last write went to: where a sequential write continues
-    /// (`runs::extend_at`). Only a hint; 16 bits keep the struct small.
+    /// (`runs::extend_at`). Only a hint; 16 bits keep the struct at 32 bytes.
     cursor: u16,
-    /// Bit w set once a buffered run has reached offsets `64w..64w + 64` (a superset, cleared
-    /// only by the merge): a lookup elsewhere skips the search of `runs`.
-    words: u64,
     runs: Vec<DeltaRun>,
-}
-
-const _: () = assert!(
-    GROUP_LPNS == 64 * 64,
-    "Delta::words has a bit per 64 offsets"
-);
-
-/// `Delta::words`' bit for group offset `off`.
-#[inline]
-fn word_bit(off: u32) -> u64 {
-    1 << (off / 64)
 }
 
 /// The last lookup's answer for a whole range of LPNs (`lo..lo + len` map to consecutive PPNs
@@ -269,16 +255,6 @@ impl LearnedMapping {
                 delta.group
             );
             assert_eq!(self.delta_of_group.get(&delta.group), Some(&(d as u32)));
-            for r in &delta.runs {
-                for off in r.start()..r.start() + r.len() {
-                    assert_ne!(
-                        delta.words & word_bit(off),
-                        0,
-                        "group {} offset {off}",
-                        delta.group
-                    );
-                }
-            }
             total += u64::from(covered);
         }
         assert_eq!(self.delta_of_group.len(), self.deltas.len());
@@ -327,40 +303,24 @@ impl LearnedMapping {
         // The buffer's runs next to `off` bound any span the compressed layer gives.
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
         if let Some(&d) = self.delta(g) {
-            let delta = &self.deltas[d as usize];
-            let runs = &delta.runs;
-            let w = off / 64;
-            if delta.words & word_bit(off) == 0 {
-                // No buffered run reaches this word: the nearest words one does bound the span,
-                // with no search of the runs (on pgbench, a quarter of a lookup's instructions
-                // and most of its mispredicted branches).
-                let below = delta.words & ((1 << w) - 1);
-                let above = delta.words & !((2u64 << w).wrapping_sub(1));
-                if below != 0 {
-                    lo = 64 * (64 - below.leading_zeros());
+            let runs = &self.deltas[d as usize].runs;
+            let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
+            if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
+                let end = r.start() + r.len();
+                if off < end {
+                    self.span.set(Span {
+                        lo: group_lpn + r.start(),
+                        len: r.len(),
+                        ppn_lo: r.ppn,
+                        buffered: true,
+                    });
+                    let ppn = (r.ppn != TOMBSTONE).then(|| r.ppn + (off - r.start()));
+                    return (ppn, true);
                 }
-                if above != 0 {
-                    hi = 64 * above.trailing_zeros();
-                }
-            } else {
-                let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
-                if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
-                    let end = r.start() + r.len();
-                    if off < end {
-                        self.span.set(Span {
-                            lo: group_lpn + r.start(),
-                            len: r.len(),
-                            ppn_lo: r.ppn,
-                            buffered: true,
-                        });
-                        let ppn = (r.ppn != TOMBSTONE).then(|| r.ppn + (off - r.start()));
-                        return (ppn, true);
-                    }
-                    lo = end;
-                }
-                if let Some(r) = runs.get(i) {
-                    hi = r.start();
-                }
+                lo = end;
+            }
+            if let Some(r) = runs.get(i) {
+                hi = r.start();
             }
         }
         let found = match self.groups.blob(g) {
@@ -455,11 +415,6 @@ impl LearnedMapping {
         let delta = &mut self.deltas[d as usize];
         let at = usize::from(delta.cursor);
         let off = lpn & OFFSET_MASK;
-        // The run extended ends at `off - 1`, whose word is marked: only one entering a new
-        // word marks another (marking it when the extension fails is harmless: a superset).
-        if off.is_multiple_of(64) {
-            delta.words |= word_bit(off);
-        }
         let Some(covered) = runs::extend_at(&mut delta.runs, at, off, ppn) else {
             return false;
         };
@@ -520,7 +475,6 @@ impl LearnedMapping {
                     group: g,
                     entries: 0,
                     cursor: 0,
-                    words: 0,
                     runs: Vec::new(),
                 });
                 self.delta_of_group.insert(g, d);
@@ -542,7 +496,6 @@ impl LearnedMapping {
             delta.runs.reserve_exact((delta.runs.len() / 4).max(2));
         }
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
-        delta.words |= word_bit(off);
         // Fewer than GROUP_LPNS runs, so the index fits.
         delta.cursor = at as u16;
         match (old, value) {
