@@ -1,7 +1,7 @@
 //! The third group encoding, for groups of short runs (pgbench's average 2.6 pages): per 64
 //! offsets, a bitmap of the mapped ones, a bitmap of where runs of consecutive PPNs start, and a
-//! record; one residual per run. A lookup is two bit tests, two popcounts and one residual, with
-//! no search, and its span is the whole run (within the word). The segment encoding needs two
+//! record; one residual per run. A lookup is a bit test, a popcount, two bit scans and one
+//! residual, with no search, and its span is the whole run (within the word). The segment encoding needs two
 //! searches; a run list one. `group::encode_runs` takes this one when it costs at most
 //! `WORDS_MAX_GROWTH` times the smaller of the other two (and never more than the worst case of
 //! those; docs/mapping.md).
