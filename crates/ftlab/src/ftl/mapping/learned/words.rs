@@ -45,14 +45,16 @@ pub struct Plan {
     pub bytes: usize,
 }
 
-/// Calls `f(offset, len, ppn)` for every run cut at word boundaries, in order.
+/// Calls `f(word, bit, len, ppn)` for every run cut at word boundaries, in order (`word` is
+/// below `WORDS`, so indexing by it needs no bounds check).
 #[inline]
-fn for_each_piece(runs: &[GroupRun], mut f: impl FnMut(u32, u32, u32)) {
+fn for_each_piece(runs: &[GroupRun], mut f: impl FnMut(usize, u32, u32, u32)) {
     for &(off, len, ppn) in runs {
         let (mut off, mut len, mut ppn) = (u32::from(off), u32::from(len), ppn);
+        debug_assert!((off + len) as usize <= GROUP_LPNS);
         while len > 0 {
             let n = len.min(64 - off % 64);
-            f(off, n, ppn);
+            f((off / 64) as usize & (WORDS - 1), off % 64, n, ppn);
             (off, len, ppn) = (off + n, len - n, ppn.wrapping_add(n));
         }
     }
@@ -68,8 +70,7 @@ pub fn plan(runs: &[GroupRun]) -> Plan {
         runs: [0; WORDS],
         bytes: 0,
     };
-    for_each_piece(runs, |off, _, ppn| {
-        let w = (off / 64) as usize;
+    for_each_piece(runs, |w, _, _, ppn| {
         lo[w] = lo[w].min(ppn);
         hi[w] = hi[w].max(ppn);
         plan.runs[w] += 1;
@@ -105,8 +106,7 @@ pub fn write(runs: &[GroupRun], plan: &Plan, out: &mut Vec<u8>) {
     let (mut mapped, mut starts, mut count) = ([0u64; WORDS], [0u64; WORDS], [0u32; WORDS]);
     // The residuals go into zeroed words by OR (no bit writer needed), copied out at the end.
     let mut residuals = vec![0u64; (next as usize).div_ceil(64) + 1];
-    for_each_piece(runs, |off, len, ppn| {
-        let (w, i) = ((off / 64) as usize, off % 64);
+    for_each_piece(runs, |w, i, len, ppn| {
         mapped[w] |= (u64::MAX >> (64 - len)) << i;
         starts[w] |= 1 << i;
         let width = u64::from(plan.width[w]);
@@ -281,10 +281,17 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
         let word = Word::read(b, w);
         let mut starts = word.starts;
         let mut j = 0u32;
+        // A run ends at the next run's start or at the next unmapped offset.
+        let ends = word.starts | !word.mapped;
         while starts != 0 {
             let first = starts.trailing_zeros();
             starts &= starts - 1;
-            let (_, _, end) = word.run_of(first);
+            let after = ends & above(first);
+            let end = if after == 0 {
+                64
+            } else {
+                after.trailing_zeros()
+            };
             super::group::push_run(out, 64 * w as u32 + first, end - first, word.run_ppn(b, j));
             j += 1;
         }
