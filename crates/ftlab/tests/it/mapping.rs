@@ -159,6 +159,14 @@ proptest! {
     fn fuzz_decoded_operations_match_a_hashmap(data in prop::collection::vec(any::<u8>(), 0..400)) {
         oracle::check_all(&oracle::ops_from_bytes(&data, LPNS), LPNS, 32);
     }
+
+    /// The `group_encodings` fuzz target's check, on random bytes: one group in its chosen
+    /// encoding and in bitmap words, read back lookup by lookup and updated in place.
+    #[test]
+    fn fuzz_decoded_groups_read_back_in_every_encoding(data in prop::collection::vec(any::<u8>(), 0..700)) {
+        let (dense, updates) = oracle::group_from_bytes(&data);
+        ftlab::ftl::mapping::learned::group::check_encodings(&dense, &updates);
+    }
 }
 
 #[test]

@@ -108,6 +108,24 @@ pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64) {
     );
 }
 
+/// Decodes fuzzer bytes into one group's mappings and updates to try in place: the first half
+/// of `ops_from_bytes`' operations over one group laid into a dense array (one PPN or
+/// `group::UNMAPPED` per offset), the second half's writes as (offset, PPN) updates.
+pub fn group_from_bytes(data: &[u8]) -> (Vec<u32>, Vec<(u32, u32)>) {
+    use super::learned::{group, GROUP_LPNS};
+    let ops = ops_from_bytes(data, GROUP_LPNS as u32);
+    let (build, update) = ops.split_at(ops.len() / 2);
+    let mut dense = vec![group::UNMAPPED; GROUP_LPNS];
+    for &(lpn, value) in build {
+        dense[lpn as usize] = value.unwrap_or(group::UNMAPPED);
+    }
+    let updates = update
+        .iter()
+        .filter_map(|&(lpn, value)| Some((lpn, value?)))
+        .collect();
+    (dense, updates)
+}
+
 /// Decodes fuzzer bytes into operations over `lpns` LPNs: 7 bytes per op (kind, lpn, ppn);
 /// kinds write runs, strided runs, single pages with arbitrary PPNs, trims, or runs of pages
 /// with PPNs from a small pool (reused as a simulator reuses them: updates that go in place).

@@ -685,7 +685,8 @@ fn run_answer(b: &[u8], n: usize, i: usize, off: u32) -> Lookup {
     }
 }
 
-/// Bytes the blob at the start of `b` occupies.
+/// Bytes the blob at the start of `b` occupies (`b` keeps the `TAIL_PAD` bytes after it, as for
+/// every read of a blob).
 pub fn encoded_len(b: &[u8]) -> usize {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {
@@ -1212,6 +1213,130 @@ pub fn live(b: &[u8]) -> u32 {
     (0..n).map(|i| rd16(b, 2 + 2 * n + 2 * i)).sum()
 }
 
+/// Checks that every lookup and the decoded runs of `blob` (padded) agree with `dense` (one PPN
+/// or `UNMAPPED` per offset); panics otherwise. For the tests and the fuzz target.
+#[doc(hidden)]
+pub fn check_blob(blob: &[u8], dense: &[u32]) {
+    // The widest range around each offset whose offsets continue it (consecutive PPNs, or all
+    // unmapped), in one pass each way: every span must lie within its offset's.
+    let n = dense.len();
+    let continues = |o: usize| match (dense[o], dense[o + 1]) {
+        (UNMAPPED, b) => b == UNMAPPED,
+        (a, b) => b != UNMAPPED && a.wrapping_add(1) == b,
+    };
+    let mut widest_lo = vec![0u32; n];
+    for o in 1..n {
+        widest_lo[o] = if continues(o - 1) {
+            widest_lo[o - 1]
+        } else {
+            o as u32
+        };
+    }
+    let mut widest_hi = vec![n as u32; n];
+    for o in (0..n.saturating_sub(1)).rev() {
+        widest_hi[o] = if continues(o) {
+            widest_hi[o + 1]
+        } else {
+            o as u32 + 1
+        };
+    }
+    for (off, &ppn) in dense.iter().enumerate() {
+        let expect = (ppn != UNMAPPED).then_some(ppn);
+        let l = lookup(blob, off as u32);
+        assert_eq!(l.ppn, expect, "offset {off}");
+        assert!(l.lo <= off as u32 && (off as u32) < l.hi && l.hi as usize <= GROUP_LPNS);
+        // Every offset of the span (within the array) continues the answer.
+        assert!(
+            widest_lo[off] <= l.lo && l.hi.min(n as u32) <= widest_hi[off],
+            "offset {off}: span {}..{} leaves {}..{}",
+            l.lo,
+            l.hi,
+            widest_lo[off],
+            widest_hi[off]
+        );
+        // The offset after the span, found from where the search ended, is answered as a
+        // search finds it (room included: updates follow on too).
+        let l = lookup_with::<true>(blob, off as u32);
+        if (l.hi as usize) < GROUP_LPNS {
+            let next = lookup_next::<true>(blob, l.hi, l.next);
+            let searched = lookup_with::<true>(blob, l.hi);
+            assert_eq!(
+                (next.ppn, next.lo, next.hi, next.room),
+                (searched.ppn, searched.lo, searched.hi, searched.room),
+                "offset {off}, then {}",
+                l.hi
+            );
+        }
+    }
+    let mut runs = Vec::new();
+    decode_runs(blob, &mut runs);
+    let mut from_runs = vec![UNMAPPED; dense.len()];
+    for &(o, l, p) in &runs {
+        for k in 0..u32::from(l) {
+            from_runs[(u32::from(o) + k) as usize] = p + k;
+        }
+    }
+    assert_eq!(from_runs, dense);
+    // Runs come back maximal: none continues the one before it.
+    for w in runs.windows(2) {
+        let ((o, l, p), (o2, _, p2)) = (w[0], w[1]);
+        assert!(!(u32::from(o) + u32::from(l) == u32::from(o2) && p + u32::from(l) == p2));
+    }
+    assert_eq!(
+        live(blob) as usize,
+        dense.iter().filter(|&&p| p != UNMAPPED).count()
+    );
+}
+
+/// Checks both the encoding `encode` chooses for `dense` and its bitmap words (`check_blob`),
+/// then tries each of `updates` (offset, PPN) in place in both: a blob that takes one must read
+/// it back with its length unchanged, one that refuses must stay as it was. For the tests and
+/// the fuzz target `group_encodings`.
+#[doc(hidden)]
+pub fn check_encodings(dense: &[u32], updates: &[(u32, u32)]) {
+    let mut s = Scratch::default();
+    let Some(chosen) = encode(dense, &mut s) else {
+        assert!(dense.iter().all(|&p| p == UNMAPPED));
+        return;
+    };
+    // Blobs are read with 8-byte loads: pad before reading anything.
+    let mut chosen = chosen.to_vec();
+    let len = chosen.len();
+    chosen.extend_from_slice(&[0xA5; TAIL_PAD]);
+    assert_eq!(encoded_len(&chosen), len);
+    let mut runs = Vec::new();
+    for (off, &ppn) in dense.iter().enumerate() {
+        if ppn != UNMAPPED {
+            push_run(&mut runs, off as u32, 1, ppn);
+        }
+    }
+    let plan = words::plan(&runs);
+    let mut in_words = Vec::new();
+    words::write(&runs, &plan, &mut in_words);
+    assert_eq!(in_words.len(), plan.bytes);
+    in_words.extend_from_slice(&[0xA5; TAIL_PAD]);
+    assert_eq!(encoded_len(&in_words), plan.bytes);
+    for mut blob in [chosen, in_words] {
+        let mut dense = dense.to_vec();
+        check_blob(&blob, &dense);
+        let len = encoded_len(&blob);
+        for &(off, ppn) in updates {
+            let off = off % dense.len() as u32;
+            if dense[off as usize] == UNMAPPED || dense[off as usize] == ppn || ppn == UNMAPPED {
+                continue;
+            }
+            let before = blob.clone();
+            if update_in_place(&mut blob, off, ppn) {
+                dense[off as usize] = ppn;
+                assert_eq!(encoded_len(&blob), len);
+            } else {
+                assert_eq!(blob, before, "a refused update changed the blob");
+            }
+        }
+        check_blob(&blob, &dense);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1257,9 +1382,9 @@ mod tests {
         let plan = words::plan(&runs);
         let mut blob = Vec::new();
         words::write(&runs, &plan, &mut blob);
-        assert_eq!(encoded_len(&blob), blob.len());
         assert_eq!(blob.len(), plan.bytes);
         blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+        assert_eq!(encoded_len(&blob), plan.bytes);
         blob
     }
 
@@ -1274,59 +1399,10 @@ mod tests {
         check_blob(&encode_words(dense), dense);
         let mut blob = encoded.to_vec();
         let len = blob.len();
-        assert_eq!(encoded_len(&blob), len);
         blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+        assert_eq!(encoded_len(&blob), len);
         check_blob(&blob, dense);
         blob.len()
-    }
-
-    /// Every lookup and the decoded runs of `blob` agree with `dense`.
-    fn check_blob(blob: &[u8], dense: &[u32]) {
-        for (off, &ppn) in dense.iter().enumerate() {
-            let expect = (ppn != UNMAPPED).then_some(ppn);
-            let l = lookup(blob, off as u32);
-            assert_eq!(l.ppn, expect, "offset {off}");
-            assert!(l.lo <= off as u32 && (off as u32) < l.hi && l.hi as usize <= GROUP_LPNS);
-            // Every offset of the span continues the answer.
-            for o in l.lo..l.hi.min(dense.len() as u32) {
-                let want = expect.map(|p| (i64::from(p) + i64::from(o) - off as i64) as u32);
-                assert_eq!(
-                    (dense[o as usize] != UNMAPPED).then_some(dense[o as usize]),
-                    want
-                );
-            }
-            // The offset after the span, found from where the search ended, is answered as a
-            // search finds it (room included: updates follow on too).
-            let l = lookup_with::<true>(blob, off as u32);
-            if (l.hi as usize) < GROUP_LPNS {
-                let next = lookup_next::<true>(blob, l.hi, l.next);
-                let searched = lookup_with::<true>(blob, l.hi);
-                assert_eq!(
-                    (next.ppn, next.lo, next.hi, next.room),
-                    (searched.ppn, searched.lo, searched.hi, searched.room),
-                    "offset {off}, then {}",
-                    l.hi
-                );
-            }
-        }
-        let mut runs = Vec::new();
-        decode_runs(blob, &mut runs);
-        let mut from_runs = vec![UNMAPPED; dense.len()];
-        for &(o, l, p) in &runs {
-            for k in 0..u32::from(l) {
-                from_runs[(u32::from(o) + k) as usize] = p + k;
-            }
-        }
-        assert_eq!(from_runs, dense);
-        // Runs come back maximal: none continues the one before it.
-        for w in runs.windows(2) {
-            let ((o, l, p), (o2, _, p2)) = (w[0], w[1]);
-            assert!(!(u32::from(o) + u32::from(l) == u32::from(o2) && p + u32::from(l) == p2));
-        }
-        assert_eq!(
-            live(blob) as usize,
-            dense.iter().filter(|&&p| p != UNMAPPED).count()
-        );
     }
 
     #[test]
