@@ -1288,6 +1288,26 @@ pub fn check_blob(blob: &[u8], dense: &[u32]) {
     );
 }
 
+/// `dense` (mapping something) in the bitmap-word encoding, whatever `encode_runs` would
+/// choose, padded. For the tests and the fuzz target.
+#[doc(hidden)]
+pub fn encode_words(dense: &[u32]) -> Vec<u8> {
+    let mut runs = Vec::new();
+    for (off, &ppn) in dense.iter().enumerate() {
+        if ppn != UNMAPPED {
+            push_run(&mut runs, off as u32, 1, ppn);
+        }
+    }
+    let plan = words::plan(&runs);
+    let mut blob = Vec::new();
+    words::write(&runs, &plan, &mut blob);
+    assert_eq!(blob.len(), plan.bytes);
+    // Blobs are read with 8-byte loads: pad before reading anything.
+    blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+    assert_eq!(encoded_len(&blob), plan.bytes);
+    blob
+}
+
 /// Checks both the encoding `encode` chooses for `dense` and its bitmap words (`check_blob`),
 /// then tries each of `updates` (offset, PPN) in place in both: a blob that takes one must read
 /// it back with its length unchanged, one that refuses must stay as it was. For the tests and
@@ -1304,19 +1324,7 @@ pub fn check_encodings(dense: &[u32], updates: &[(u32, u32)]) {
     let len = chosen.len();
     chosen.extend_from_slice(&[0xA5; TAIL_PAD]);
     assert_eq!(encoded_len(&chosen), len);
-    let mut runs = Vec::new();
-    for (off, &ppn) in dense.iter().enumerate() {
-        if ppn != UNMAPPED {
-            push_run(&mut runs, off as u32, 1, ppn);
-        }
-    }
-    let plan = words::plan(&runs);
-    let mut in_words = Vec::new();
-    words::write(&runs, &plan, &mut in_words);
-    assert_eq!(in_words.len(), plan.bytes);
-    in_words.extend_from_slice(&[0xA5; TAIL_PAD]);
-    assert_eq!(encoded_len(&in_words), plan.bytes);
-    for mut blob in [chosen, in_words] {
+    for mut blob in [chosen, encode_words(dense)] {
         let mut dense = dense.to_vec();
         check_blob(&blob, &dense);
         let len = encoded_len(&blob);
@@ -1369,23 +1377,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// `dense` in the bitmap-word encoding, whatever `encode_runs` would choose, padded.
-    fn encode_words(dense: &[u32]) -> Vec<u8> {
-        let mut runs = Vec::new();
-        for (off, &ppn) in dense.iter().enumerate() {
-            if ppn != UNMAPPED {
-                push_run(&mut runs, off as u32, 1, ppn);
-            }
-        }
-        let plan = words::plan(&runs);
-        let mut blob = Vec::new();
-        words::write(&runs, &plan, &mut blob);
-        assert_eq!(blob.len(), plan.bytes);
-        blob.extend_from_slice(&[0xA5; TAIL_PAD]);
-        assert_eq!(encoded_len(&blob), plan.bytes);
-        blob
     }
 
     /// The size of `dense`'s encoding, after checking it reads back (and that the bitmap-word
