@@ -9,7 +9,8 @@
 //!     target/release/examples/mapprof ../shared/traces/pgbench.nbdlog.gz
 //! ```
 //!
-//! Phases: `updates` (every SET and REMOVE, log-head PPNs), `trace_gets` (the trace's lookups in
+//! Phases: `updates` (every SET and REMOVE; PPNs from a log head, or with a second argument
+//! `simulator` from the simulator, as `ftlab mapbench --ppns`), `trace_gets` (the trace's lookups in
 //! order) and `random_gets` (every live LPN once, shuffled). It prints each phase's wall time per
 //! operation and the table's merge statistics.
 
@@ -49,10 +50,15 @@ fn random_gets(table: &LearnedMapping, lpns: &[u32]) -> u64 {
 
 fn main() -> anyhow::Result<()> {
     let Some(trace) = std::env::args().nth(1) else {
-        eprintln!("usage: mapprof TRACE (any format `ftlab sim` reads)");
+        eprintln!("usage: mapprof TRACE [log-head|simulator] (any format `ftlab sim` reads)");
         std::process::exit(2);
     };
-    let ops = ops_from_trace(Path::new(&trace), None, None, PpnSource::LogHead)?;
+    let source = match std::env::args().nth(2).as_deref() {
+        None | Some("log-head") => PpnSource::LogHead,
+        Some("simulator") => PpnSource::Simulator,
+        Some(other) => anyhow::bail!("PPN source {other:?}: log-head or simulator"),
+    };
+    let ops = ops_from_trace(Path::new(&trace), None, None, source)?;
     let mut table = LearnedMapping::new(ops.logical_pages);
     let per_op = |start: Instant, n: usize| start.elapsed().as_nanos() as f64 / n.max(1) as f64;
 

@@ -70,6 +70,9 @@ pub struct Ftl<M: MappingTable> {
 
 /// How many GC moves ahead the mapping entry is prefetched: enough to overlap cache misses.
 const GC_PREFETCH_DISTANCE: usize = 32;
+/// How many moves ahead the second stage (`MappingTable::prefetch_near`) runs: late enough that
+/// the first stage's lines have arrived.
+const GC_PREFETCH_NEAR: usize = 16;
 
 impl<M: MappingTable> Ftl<M> {
     pub fn new(config: &Config, map: M) -> Self {
@@ -368,10 +371,16 @@ impl<M: MappingTable> Ftl<M> {
         for &(_, lpn) in moves.iter().take(GC_PREFETCH_DISTANCE) {
             self.map.prefetch(lpn);
         }
+        for &(_, lpn) in moves.iter().take(GC_PREFETCH_NEAR) {
+            self.map.prefetch_near(lpn);
+        }
         let mut last_write_ns = now_ns;
         for i in 0..moves.len() {
             if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_DISTANCE) {
                 self.map.prefetch(ahead);
+            }
+            if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_NEAR) {
+                self.map.prefetch_near(ahead);
             }
             let (ppn, lpn) = moves[i];
             debug_assert_eq!(self.map.get(lpn), Some(ppn));

@@ -24,6 +24,10 @@ pub trait MappingTable {
     /// A hint that `lpn` will be looked up or set soon (GC knows its next moves in advance).
     #[inline]
     fn prefetch(&self, _lpn: u32) {}
+    /// The second stage of `prefetch`, for the same `lpn` some time later: lines that only
+    /// reading what `prefetch` brought can find (a compressed table's packed value).
+    #[inline]
+    fn prefetch_near(&self, _lpn: u32) {}
     /// Folds pending updates into the table's compact form and returns spare capacity, so that
     /// `heap_bytes` measures the table itself (used before reporting memory).
     fn compact(&mut self) {}

@@ -1189,6 +1189,27 @@ pub enum Encoding {
 }
 
 /// Which encoding the blob at the start of `b` uses.
+/// A hint that offset `off` of blob `b` will be read soon: in bitmap words, the lines of its
+/// word (a read of the first line, which holds the tag); otherwise the first line, where every
+/// lookup starts.
+#[inline]
+pub fn prefetch(b: &[u8], off: u32) {
+    if rd16(b, 0) & (RUNS_FLAG | WORDS_FLAG) == WORDS_FLAG {
+        words::prefetch(b, off);
+    } else {
+        super::super::prefetch_line(b.as_ptr());
+    }
+}
+
+/// The second stage of `prefetch`, once its lines are in: in bitmap words, the line of the
+/// offset's residual.
+#[inline]
+pub fn prefetch_near(b: &[u8], off: u32) {
+    if rd16(b, 0) & (RUNS_FLAG | WORDS_FLAG) == WORDS_FLAG {
+        words::prefetch_residual(b, off);
+    }
+}
+
 pub fn encoding(b: &[u8]) -> Encoding {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {

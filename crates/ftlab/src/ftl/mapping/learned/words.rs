@@ -275,6 +275,27 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
     true
 }
 
+/// A hint that offset `off` of blob `b` will be read soon: the lines of its word (24 bytes,
+/// which may straddle two).
+#[inline]
+pub fn prefetch(b: &[u8], off: u32) {
+    let at = WORDS_AT + WORD_BYTES * (off as usize / 64);
+    crate::ftl::mapping::prefetch_line(b[at..].as_ptr());
+    crate::ftl::mapping::prefetch_line(b[at + WORD_BYTES - 1..].as_ptr());
+}
+
+/// A hint that offset `off` of blob `b` will be read soon, once `prefetch` brought its word:
+/// the line of its run's residual (reading the word).
+#[inline]
+pub fn prefetch_residual(b: &[u8], off: u32) {
+    let word = Word::read(b, (off / 64) as usize);
+    let j = (word.starts & at_or_below(off % 64))
+        .count_ones()
+        .saturating_sub(1);
+    let at = word.res_bit + u64::from(j) * u64::from(word.width);
+    crate::ftl::mapping::prefetch_line(b[RESIDUALS_AT + (at / 8) as usize..].as_ptr());
+}
+
 /// The blob's mappings as runs, in offset order.
 pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
     for w in 0..WORDS {
