@@ -7,11 +7,12 @@ use crate::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMappin
 use crate::ftl::{Ftl, FtlError, FtlStats};
 use crate::request::Request;
 
+/// Boxed: the FTLs differ in size by their tables' inline state, and the enum is made once.
 pub enum ModelFtl {
-    Flat(Ftl<FlatMapping>),
-    Hash(Ftl<HashMapping>),
-    Extent(Ftl<ExtentMapping>),
-    Learned(Ftl<LearnedMapping>),
+    Flat(Box<Ftl<FlatMapping>>),
+    Hash(Box<Ftl<HashMapping>>),
+    Extent(Box<Ftl<ExtentMapping>>),
+    Learned(Box<Ftl<LearnedMapping>>),
 }
 
 macro_rules! each {
@@ -38,11 +39,14 @@ pub struct MappingSummary {
 impl ModelFtl {
     pub fn new(config: &Config, logical_pages: u64) -> Self {
         match config.ftl.mapping.as_str() {
-            "hash" => ModelFtl::Hash(Ftl::new(config, HashMapping::new())),
-            "extent" => ModelFtl::Extent(Ftl::new(config, ExtentMapping::new())),
-            "learned" => ModelFtl::Learned(Ftl::new(config, LearnedMapping::new(logical_pages))),
+            "hash" => ModelFtl::Hash(Box::new(Ftl::new(config, HashMapping::new()))),
+            "extent" => ModelFtl::Extent(Box::new(Ftl::new(config, ExtentMapping::new()))),
+            "learned" => ModelFtl::Learned(Box::new(Ftl::new(
+                config,
+                LearnedMapping::new(logical_pages),
+            ))),
             // Config validation admits only the tables above and `flat`.
-            _ => ModelFtl::Flat(Ftl::new(config, FlatMapping::new(logical_pages))),
+            _ => ModelFtl::Flat(Box::new(Ftl::new(config, FlatMapping::new(logical_pages)))),
         }
     }
 

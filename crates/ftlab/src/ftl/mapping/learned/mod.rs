@@ -39,6 +39,30 @@ pub const BUFFER_LIVE_DIVISOR: u64 = 16;
 /// ...but never more than this (8 MiB of runs at worst, on any device size).
 pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 
+/// Where the last buffered write can be continued without reading its run: writing `value` to
+/// `lpn` lengthens run `at` of delta `d` by one, while `lpn < bound` (the LPN before the group's
+/// next buffered run, which a longer run would reach or coalesce with, or the group's end).
+/// Kept by every buffered write; forgotten when a delta is dropped (indices move).
+#[derive(Clone, Copy, Debug)]
+struct Tail {
+    lpn: u32,
+    value: u32,
+    bound: u32,
+    d: u32,
+    at: u32,
+}
+
+impl Tail {
+    /// Continues nothing (`lpn < bound` never holds).
+    const NONE: Tail = Tail {
+        lpn: 0,
+        value: 0,
+        bound: 0,
+        d: 0,
+        at: 0,
+    };
+}
+
 /// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
 /// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
 #[derive(Clone, Copy, Debug)]
@@ -181,6 +205,7 @@ pub struct LearnedMapping {
     clock: usize,
     /// (group, index in `deltas`) of the last delta written: runs of updates skip the hash.
     last_delta: (u32, u32),
+    tail: Tail,
     live: u64,
     buffer_min_entries: u64,
     gets: Cell<u64>,
@@ -211,6 +236,7 @@ impl LearnedMapping {
             buffered_entries: 0,
             clock: 0,
             last_delta: NO_LAST_DELTA,
+            tail: Tail::NONE,
             live: 0,
             buffer_min_entries,
             gets: Cell::new(0),
@@ -399,23 +425,46 @@ impl LearnedMapping {
     /// to (`runs::extend_at`). The rest stays out of line so callers stay small.
     #[inline(always)]
     fn write_delta(&mut self, lpn: u32, value: Option<u32>) {
-        if !value.is_some_and(|v| self.extend_last_written(lpn, v)) {
+        if !value.is_some_and(|v| self.extend_tail(lpn, v)) {
             self.write_delta_slow(lpn, value);
         }
     }
 
-    /// Buffers `lpn -> ppn` if it continues the run its group's last write went to
-    /// (`runs::extend_at`); false, changing nothing, otherwise.
+    /// Buffers `lpn -> value` if it continues the last buffered write (`Tail`), which it
+    /// lengthens by one without reading it; false, changing nothing, otherwise. (Reading the run
+    /// back to check it, as `extend_cursor` does, made a stream of writes half again as long.)
     #[inline(always)]
-    fn extend_last_written(&mut self, lpn: u32, ppn: u32) -> bool {
-        let (g, d) = self.last_delta;
-        if g != lpn >> GROUP_SHIFT {
+    fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
+        let t = self.tail;
+        if lpn != t.lpn || value != t.value || lpn >= t.bound {
             return false;
         }
+        let delta = &mut self.deltas[t.d as usize];
+        let r = &mut delta.runs[t.at as usize];
+        debug_assert_eq!(
+            (t.lpn & OFFSET_MASK, t.value),
+            (r.start() + r.len(), DeltaRun::advance(r.ppn, r.len()))
+        );
+        r.len += 1;
+        delta.entries += 1;
+        self.buffered_entries += 1;
+        self.tail.lpn += 1;
+        self.tail.value = DeltaRun::advance(value, 1);
+        self.span.get_mut().forget(lpn);
+        self.follow.get_mut().lpn = 0;
+        true
+    }
+
+    /// Buffers `lpn -> value` if it continues the run group `g`'s last write went to
+    /// (`runs::extend_at`, which also handles reaching the next run); false, changing nothing,
+    /// otherwise. `last_delta` must be `g`'s.
+    fn extend_cursor(&mut self, lpn: u32, value: u32) -> bool {
+        let (g, d) = self.last_delta;
+        debug_assert_eq!(g, lpn >> GROUP_SHIFT);
         let delta = &mut self.deltas[d as usize];
         let at = usize::from(delta.cursor);
         let off = lpn & OFFSET_MASK;
-        let Some(covered) = runs::extend_at(&mut delta.runs, at, off, ppn) else {
+        let Some(covered) = runs::extend_at(&mut delta.runs, at, off, value) else {
             return false;
         };
         if !covered {
@@ -425,6 +474,29 @@ impl LearnedMapping {
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
         true
+    }
+
+    /// Points `tail` after the run group `g`'s last write went to (`last_delta` is `g`'s).
+    fn set_tail(&mut self) {
+        let (g, d) = self.last_delta;
+        let delta = &self.deltas[d as usize];
+        let at = usize::from(delta.cursor);
+        let group_lpn = g << GROUP_SHIFT;
+        self.tail = match delta.runs.get(at) {
+            Some(r) => Tail {
+                lpn: group_lpn + r.start() + r.len(),
+                value: DeltaRun::advance(r.ppn, r.len()),
+                // A next run starts after `r`'s start, so at 1 or later.
+                bound: group_lpn
+                    + delta
+                        .runs
+                        .get(at + 1)
+                        .map_or(GROUP_LPNS as u32, |next| next.start() - 1),
+                d,
+                at: at as u32,
+            },
+            None => Tail::NONE,
+        };
     }
 
     /// `set` where its fast path does not apply.
@@ -483,9 +555,10 @@ impl LearnedMapping {
         };
         self.last_delta = (g, d);
         // A sequential write (or trim) continues the run the group's last write went to:
-        // `write_delta` tried this for the group written last; here it is the first write after
-        // a switch.
-        if value.is_some_and(|v| self.extend_last_written(lpn, v)) {
+        // `write_delta` tried the last buffered write's; here it is the first write after a
+        // switch of groups, or one reaching the next buffered run.
+        if value.is_some_and(|v| self.extend_cursor(lpn, v)) {
+            self.set_tail();
             return;
         }
         let delta = &mut self.deltas[d as usize];
@@ -511,6 +584,8 @@ impl LearnedMapping {
         }
         if delta.entries == 0 {
             self.drop_delta(d);
+        } else {
+            self.set_tail();
         }
     }
 
@@ -518,6 +593,7 @@ impl LearnedMapping {
     fn drop_delta(&mut self, d: u32) -> Delta {
         let delta = self.deltas.swap_remove(d as usize);
         self.last_delta = NO_LAST_DELTA;
+        self.tail = Tail::NONE;
         self.delta_of_group.remove(&delta.group);
         if let Some(moved) = self.deltas.get(d as usize) {
             self.delta_of_group.insert(moved.group, d);
@@ -637,10 +713,7 @@ impl MappingTable for LearnedMapping {
         // pay for the whole update's stack frame.
         let span = self.span.get();
         if let Some(old) = span.get(lpn) {
-            if (old.is_none() || span.buffered)
-                && old != Some(ppn)
-                && self.extend_last_written(lpn, ppn)
-            {
+            if (old.is_none() || span.buffered) && old != Some(ppn) && self.extend_tail(lpn, ppn) {
                 self.live += u64::from(old.is_none());
                 self.merge_while_over_bound();
                 return old;
