@@ -106,9 +106,20 @@ fn drive_closed<M: MappingTable>(
     let mut outstanding: BinaryHeap<Reverse<u64>> =
         (0..queue_depth).map(|_| Reverse(start_ns)).collect();
     let mut end_ns = start_ns;
+    // Two requests of lookahead, as in the measured phase, so the FTL can prefetch.
+    let mut upcoming = (count > 0).then(|| next(0));
+    let mut after = (count > 1).then(|| next(1));
     for i in 0..count {
         let mut slot = outstanding.peek_mut().expect("queue depth >= 1");
-        let request = next(i);
+        let request = upcoming.take().expect("one request per step");
+        upcoming = after.take();
+        after = (i + 2 < count).then(|| next(i + 2));
+        if let Some(r) = &after {
+            ftl.prefetch_mapping(r);
+        }
+        if let Some(r) = &upcoming {
+            ftl.prefetch_block_state(r);
+        }
         let done = ftl
             .submit(&request, slot.0)
             .expect("preconditioning stays within the device");

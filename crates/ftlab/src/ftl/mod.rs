@@ -180,7 +180,7 @@ impl<M: MappingTable> Ftl<M> {
     pub fn prefetch_block_state(&self, request: &Request) {
         let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
         if request.op == Op::Write && lpn < self.geometry.logical_pages {
-            if let Some(ppn) = self.map.get(lpn as u32) {
+            if let Some(ppn) = self.map.peek(lpn as u32) {
                 self.blocks.prefetch(ppn);
             }
         }

@@ -28,11 +28,18 @@ pub trait MappingTable {
     /// reading what `prefetch` brought can find (a compressed table's packed value).
     #[inline]
     fn prefetch_near(&self, _lpn: u32) {}
+    /// What `lpn` maps to, for prefetching what depends on it, if the table can tell about as
+    /// cheaply as an array can (`None` otherwise: a prefetch must not cost a whole lookup). A
+    /// hint, not a GET: it is not counted in `compressed_get_fraction`.
+    #[inline]
+    fn peek(&self, lpn: u32) -> Option<u32> {
+        self.get(lpn)
+    }
     /// Folds pending updates into the table's compact form and returns spare capacity, so that
     /// `heap_bytes` measures the table itself (used before reporting memory).
     fn compact(&mut self) {}
     /// For tables with an update buffer in front of a compressed layer: the fraction of lookups
-    /// the compressed layer answered.
+    /// (`get`) the compressed layer answered; None before the first.
     fn compressed_get_fraction(&self) -> Option<f64> {
         None
     }
