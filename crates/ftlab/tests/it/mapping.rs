@@ -222,6 +222,33 @@ fn a_sequential_fill_costs_almost_nothing() {
     assert_eq!(t.get(12345), Some(12345 + 77));
 }
 
+/// The compressed fraction counts GETs only: none before the first (updates and prefetch hints
+/// look the table up too, and do not count), then what the buffer did not answer.
+#[test]
+fn the_compressed_fraction_counts_gets_only() {
+    let mut t = LearnedMapping::new(1 << 16);
+    for lpn in 0..1000 {
+        t.set(lpn, lpn + 5);
+    }
+    t.remove(3);
+    // A lookup that is not a GET leaves the range it found in the cursor.
+    t.is_buffered(10);
+    assert_eq!(t.peek(11), Some(16), "the cursor holds the range found");
+    assert_eq!(t.peek(60_000), None, "no lookup behind a hint");
+    assert_eq!(t.compressed_get_fraction(), None);
+    // 1000 buffered LPNs: more than the buffer's minimum, so some are merged.
+    assert!(t.buffered_entries() < 1000);
+    let buffered = (0..1000).filter(|&l| t.is_buffered(l)).count() as f64;
+    for lpn in 0..1000 {
+        assert_eq!(t.get(lpn), (lpn != 3).then_some(lpn + 5));
+    }
+    let f = t.compressed_get_fraction().expect("after GETs");
+    assert!(
+        (f - (1.0 - buffered / 1000.0)).abs() < 1e-9,
+        "{f} vs {buffered} buffered"
+    );
+}
+
 /// The memory bar on the real traces (log-head PPNs, after compaction): the learned table
 /// is never larger than the extent map, at most 0.15 B per live mapping on rocksdb, at most 0.6x
 /// the extent map on pgbench; every table reads every mapping back.
