@@ -46,6 +46,8 @@ fn every_mapping_table_gives_the_flat_tables_results() {
         "capacity.over_provisioning=0.15",
         "workload.kind=hotcold",
         "workload.requests=150000",
+        // Host reads: the GETs whose compressed fraction the learned table reports.
+        "workload.read_pcent=20",
         "workload.precondition=true",
         "ftl.write_buffer_mib=1",
     ];

@@ -1188,7 +1188,6 @@ pub enum Encoding {
     Words,
 }
 
-/// Which encoding the blob at the start of `b` uses.
 /// A hint that offset `off` of blob `b` will be read soon: in bitmap words, the lines of its
 /// word (a read of the first line, which holds the tag); otherwise the first line, where every
 /// lookup starts.
@@ -1210,6 +1209,7 @@ pub fn prefetch_near(b: &[u8], off: u32) {
     }
 }
 
+/// Which encoding the blob at the start of `b` uses.
 pub fn encoding(b: &[u8]) -> Encoding {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {

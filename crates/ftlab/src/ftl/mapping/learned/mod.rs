@@ -432,7 +432,8 @@ impl LearnedMapping {
 
     /// Buffers `lpn -> value` if it continues the last buffered write (`Tail`), which it
     /// lengthens by one without reading it; false, changing nothing, otherwise. (Reading the run
-    /// back to check it, as `extend_cursor` does, made a stream of writes half again as long.)
+    /// back to check it, as `extend_cursor` does, cost streams of updates a quarter more
+    /// instructions: docs/mapping.md.)
     #[inline(always)]
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
         let t = self.tail;
@@ -709,8 +710,8 @@ impl MappingTable for LearnedMapping {
         debug_assert_ne!(ppn, TOMBSTONE);
         // The common case of a stream of writes, in a few registers: the lookup cursor knows
         // the LPN is unmapped or buffered (so nothing can go in place), and the write continues
-        // the run its group's last write went to. The rest is out of line: this path used to
-        // pay for the whole update's stack frame.
+        // the last buffered write (`Tail`). The rest is out of line: this path used to pay for
+        // the whole update's stack frame.
         let span = self.span.get();
         if let Some(old) = span.get(lpn) {
             if (old.is_none() || span.buffered) && old != Some(ppn) && self.extend_tail(lpn, ppn) {
@@ -766,7 +767,8 @@ impl MappingTable for LearnedMapping {
     #[inline]
     fn prefetch(&self, lpn: u32) {
         // The blob's lines that can be found without reading a missed line (in bitmap words, the
-        // offset's word; the directory entry read for it is small and mostly cached).
+        // offset's word). The directory entry is read, not prefetched: at most 6 bytes per
+        // group, a few KiB (cached) on the simulator's devices.
         // Prefetching the buffered runs' first search positions too gained nothing measurable
         // in `ftlab sim --set ftl.mapping=learned`.
         if let Some(blob) = self.groups.blob(lpn >> GROUP_SHIFT) {

@@ -145,14 +145,6 @@ impl GroupStore {
         (slot != NONE).then(|| &mut self.arena[slot as usize * ALIGN..])
     }
 
-    /// A hint that group `g`'s directory entry will be read soon.
-    #[inline]
-    pub fn prefetch(&self, g: u32) {
-        if let Some(Dir::Dense(slots)) = self.chunks.get((g >> CHUNK_SHIFT) as usize) {
-            super::super::prefetch_line(&slots[g as usize & (CHUNK_GROUPS - 1)]);
-        }
-    }
-
     /// Replaces group `g`'s blob (None: the group maps nothing).
     pub fn set(&mut self, g: u32, blob: Option<&[u8]>) {
         if let Some(old_len) = self.blob(g).map(group::encoded_len) {
