@@ -222,8 +222,9 @@ fn a_sequential_fill_costs_almost_nothing() {
     assert_eq!(t.get(12345), Some(12345 + 77));
 }
 
-/// The compressed fraction counts GETs only: none before the first (updates and prefetch hints
-/// look the table up too, and do not count), then what the buffer did not answer.
+/// The compressed fraction counts GETs only: none before the first (updates, prefetch hints and
+/// the FTL's checks look the table up too, and do not count), then what the buffer did not
+/// answer.
 #[test]
 fn the_compressed_fraction_counts_gets_only() {
     let mut t = LearnedMapping::new(1 << 16);
@@ -235,6 +236,7 @@ fn the_compressed_fraction_counts_gets_only() {
     t.is_buffered(10);
     assert_eq!(t.peek(11), Some(16), "the cursor holds the range found");
     assert_eq!(t.peek(60_000), None, "no lookup behind a hint");
+    assert_eq!(t.get_uncounted(999), Some(1004));
     assert_eq!(t.compressed_get_fraction(), None);
     // 1000 buffered LPNs: more than the buffer's minimum, so some are merged.
     assert!(t.buffered_entries() < 1000);

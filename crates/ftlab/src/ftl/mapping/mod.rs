@@ -28,6 +28,12 @@ pub trait MappingTable {
     /// reading what `prefetch` brought can find (a compressed table's packed value).
     #[inline]
     fn prefetch_near(&self, _lpn: u32) {}
+    /// `get` for the FTL's own checks (assertions, invariants): not counted in
+    /// `compressed_get_fraction`, so a debug build reports what a release build does.
+    #[inline]
+    fn get_uncounted(&self, lpn: u32) -> Option<u32> {
+        self.get(lpn)
+    }
     /// What `lpn` maps to, for prefetching what depends on it, if the table can tell about as
     /// cheaply as an array can (`None` otherwise: a prefetch must not cost a whole lookup). A
     /// hint, not a GET: it is not counted in `compressed_get_fraction`.

@@ -776,6 +776,11 @@ impl MappingTable for LearnedMapping {
         }
     }
 
+    #[inline]
+    fn get_uncounted(&self, lpn: u32) -> Option<u32> {
+        self.lookup(lpn).0
+    }
+
     /// The cursor's answer only: a lookup would cost more than the prefetch saves (with GC and
     /// lookahead, `ftlab sim` made one such lookup per host write). Not counted as a GET.
     #[inline]
