@@ -1193,7 +1193,7 @@ pub enum Encoding {
 /// lookup starts.
 #[inline]
 pub fn prefetch(b: &[u8], off: u32) {
-    if rd16(b, 0) & (RUNS_FLAG | WORDS_FLAG) == WORDS_FLAG {
+    if encoding(b) == Encoding::Words {
         words::prefetch(b, off);
     } else {
         super::super::prefetch_line(b.as_ptr());
@@ -1204,12 +1204,13 @@ pub fn prefetch(b: &[u8], off: u32) {
 /// offset's residual.
 #[inline]
 pub fn prefetch_near(b: &[u8], off: u32) {
-    if rd16(b, 0) & (RUNS_FLAG | WORDS_FLAG) == WORDS_FLAG {
+    if encoding(b) == Encoding::Words {
         words::prefetch_residual(b, off);
     }
 }
 
 /// Which encoding the blob at the start of `b` uses.
+#[inline]
 pub fn encoding(b: &[u8]) -> Encoding {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {
