@@ -770,7 +770,8 @@ impl MappingTable for LearnedMapping {
         // offset's word). The directory entry is read, not prefetched: at most 6 bytes per
         // group, a few KiB (cached) on the simulator's devices.
         // Prefetching the buffered runs' first search positions too gained nothing measurable
-        // in `ftlab sim --set ftl.mapping=learned`.
+        // in `ftlab sim --set ftl.mapping=learned`, for GC moves or host requests (the probe to
+        // find them waits on memory itself: docs/mapping.md).
         if let Some(blob) = self.groups.blob(lpn >> GROUP_SHIFT) {
             group::prefetch(blob, lpn & OFFSET_MASK);
         }
