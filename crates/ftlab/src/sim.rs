@@ -114,12 +114,7 @@ fn drive_closed<M: MappingTable>(
         let request = upcoming.take().expect("one request per step");
         upcoming = after.take();
         after = (i + 2 < count).then(|| next(i + 2));
-        if let Some(r) = &after {
-            ftl.prefetch_mapping(r);
-        }
-        if let Some(r) = &upcoming {
-            ftl.prefetch_block_state(r);
-        }
+        ftl.prefetch_ahead(upcoming.as_ref(), after.as_ref());
         let done = ftl
             .submit(&request, slot.0)
             .expect("preconditioning stays within the device");
@@ -246,12 +241,7 @@ pub fn run_with<M: MappingTable>(
     while let Some(request) = upcoming {
         upcoming = after;
         after = source.next()?;
-        if let Some(next) = &after {
-            ftl.prefetch_mapping(next);
-        }
-        if let Some(next) = &upcoming {
-            ftl.prefetch_block_state(next);
-        }
+        ftl.prefetch_ahead(upcoming.as_ref(), after.as_ref());
         let arrival_ns = if open_loop {
             // Bounded: trace spans are < 2^60 ns and time_scale <= 1000.
             start_ns.saturating_add((request.arrival_ns as f64 * w.time_scale) as u64)

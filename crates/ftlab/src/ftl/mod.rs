@@ -166,11 +166,22 @@ impl<M: MappingTable> Ftl<M> {
         self.buffer.contains(lpn)
     }
 
-    /// Hints for a driver that knows the next requests: two requests ahead, fetch the mapping
-    /// entry of the first page; one request ahead (the entry has arrived), fetch the validity
-    /// state of the page it will invalidate. Only the cache is touched.
+    /// Hints for a driver that knows the next requests (`next`, then `after`): for `after`, two
+    /// requests ahead, fetch the mapping entry of its first page; for `next` (whose entry has
+    /// arrived), fetch the validity state of the page it will invalidate. Only the cache is
+    /// touched.
     #[inline]
-    pub fn prefetch_mapping(&self, request: &Request) {
+    pub fn prefetch_ahead(&self, next: Option<&Request>, after: Option<&Request>) {
+        if let Some(r) = after {
+            self.prefetch_mapping(r);
+        }
+        if let Some(r) = next {
+            self.prefetch_block_state(r);
+        }
+    }
+
+    #[inline]
+    fn prefetch_mapping(&self, request: &Request) {
         let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
         if lpn < self.geometry.logical_pages {
             self.map.prefetch(lpn as u32);
@@ -178,7 +189,7 @@ impl<M: MappingTable> Ftl<M> {
     }
 
     #[inline]
-    pub fn prefetch_block_state(&self, request: &Request) {
+    fn prefetch_block_state(&self, request: &Request) {
         let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
         if request.op == Op::Write && lpn < self.geometry.logical_pages {
             if let Some(ppn) = self.map.peek(lpn as u32) {

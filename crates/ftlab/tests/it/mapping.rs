@@ -228,6 +228,7 @@ fn a_sequential_fill_costs_almost_nothing() {
 #[test]
 fn the_compressed_fraction_counts_gets_only() {
     let mut t = LearnedMapping::new(1 << 16);
+    t.set(60_000, 7);
     for lpn in 0..1000 {
         t.set(lpn, lpn + 5);
     }
@@ -235,7 +236,9 @@ fn the_compressed_fraction_counts_gets_only() {
     // A lookup that is not a GET leaves the range it found in the cursor.
     t.is_buffered(10);
     assert_eq!(t.peek(11), Some(16), "the cursor holds the range found");
+    // Mapped, but outside the cursor: a hint answers from the cursor alone.
     assert_eq!(t.peek(60_000), None, "no lookup behind a hint");
+    assert_eq!(t.get_uncounted(60_000), Some(7));
     assert_eq!(t.get_uncounted(999), Some(1004));
     assert_eq!(t.compressed_get_fraction(), None);
     // 1000 buffered LPNs: more than the buffer's minimum, so some are merged.
