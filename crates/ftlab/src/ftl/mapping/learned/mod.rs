@@ -43,6 +43,11 @@ pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 /// `lpn` lengthens run `at` of delta `d` by one, while `lpn < bound` (the LPN before the group's
 /// next buffered run, which a longer run would reach or coalesce with, or the group's end).
 /// Kept by every buffered write; forgotten when a delta is dropped (indices move).
+///
+/// `set` and `remove` continue it in a few registers: the run, its delta's count and the
+/// buffer's total are written once the stream ends (`pending` of them, `flush_tail`), and the
+/// buffer's bound is not checked per update (`budget`), so a sequential stream writes the tail
+/// and the cursor only. Everything else flushes first; `lookup_slow` adds `pending` to the run.
 #[derive(Clone, Copy, Debug)]
 struct Tail {
     lpn: u32,
@@ -50,6 +55,11 @@ struct Tail {
     bound: u32,
     d: u32,
     at: u32,
+    /// LPNs appended to run `at` whose counts are not written yet.
+    pending: u32,
+    /// How many may be appended without a merge check, since the last one
+    /// (`merge_while_over_bound`): few enough that the buffer cannot outgrow `buffer_bound`.
+    budget: u32,
 }
 
 impl Tail {
@@ -60,6 +70,8 @@ impl Tail {
         bound: 0,
         d: 0,
         at: 0,
+        pending: 0,
+        budget: 0,
     };
 }
 
@@ -228,6 +240,7 @@ impl LearnedMapping {
     /// tiny buffers to merge often).
     pub fn with_buffer(logical_pages: u64, buffer_min_entries: u64) -> Self {
         assert!(logical_pages <= 1 << 32, "LPNs are u32");
+        assert!(buffer_min_entries <= 1 << 32, "the tail's budget is a u32");
         let groups = logical_pages.div_ceil(GROUP_LPNS as u64) as usize;
         Self {
             groups: GroupStore::new(groups),
@@ -265,7 +278,7 @@ impl LearnedMapping {
 
     /// LPNs whose latest update is still in the buffer.
     pub fn buffered_entries(&self) -> u64 {
-        self.buffered_entries
+        self.buffered_entries + u64::from(self.tail.pending)
     }
 
     /// Checks the buffer's bookkeeping against its runs (tests call it after every update: a
@@ -285,6 +298,22 @@ impl LearnedMapping {
         }
         assert_eq!(self.delta_of_group.len(), self.deltas.len());
         assert_eq!(self.buffered_entries, total);
+        // The deferred appends continue the tail's run, and the budget kept them within the
+        // bound that checking after every update would keep.
+        let t = self.tail;
+        if t.pending > 0 {
+            let delta = &self.deltas[t.d as usize];
+            let r = delta.runs[t.at as usize];
+            let end = (delta.group << GROUP_SHIFT) + r.start() + r.len() + t.pending;
+            assert_eq!(end, t.lpn, "deferred appends of group {}", delta.group);
+            assert!(t.pending <= t.budget);
+        }
+        assert!(
+            self.buffered_entries() <= self.buffer_bound(),
+            "{} LPNs buffered, bound {}",
+            self.buffered_entries(),
+            self.buffer_bound()
+        );
     }
 
     #[inline]
@@ -331,7 +360,11 @@ impl LearnedMapping {
         if let Some(&d) = self.delta(g) {
             let runs = &self.deltas[d as usize].runs;
             let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
-            if let Some(r) = i.checked_sub(1).map(|k| runs[k]) {
+            if let Some(mut r) = i.checked_sub(1).map(|k| runs[k]) {
+                let t = &self.tail;
+                if t.pending != 0 && (t.d, t.at) == (d, i as u32 - 1) {
+                    r.len += t.pending as u16;
+                }
                 let end = r.start() + r.len();
                 if off < end {
                     self.span.set(Span {
@@ -433,10 +466,12 @@ impl LearnedMapping {
     /// Buffers `lpn -> value` if it continues the last buffered write (`Tail`), which it
     /// lengthens by one without reading it; false, changing nothing, otherwise. (Reading the run
     /// back to check it, as `extend_cursor` does, cost streams of updates a quarter more
-    /// instructions: docs/mapping.md.)
+    /// instructions: docs/mapping.md.) For the slow paths, which have flushed the tail and check
+    /// the bound themselves; `set` and `remove` use `defer_tail`.
     #[inline(always)]
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
         let t = self.tail;
+        debug_assert_eq!(t.pending, 0);
         if lpn != t.lpn || value != t.value || lpn >= t.bound {
             return false;
         }
@@ -454,6 +489,44 @@ impl LearnedMapping {
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
         true
+    }
+
+    /// `extend_tail` for `set` and `remove`: the run and the counts are written by
+    /// `flush_tail`, and no merge is due (`budget`). False, changing nothing, where it does not
+    /// apply.
+    #[inline(always)]
+    fn defer_tail(&mut self, lpn: u32, value: u32) -> bool {
+        let t = &mut self.tail;
+        if lpn != t.lpn || value != t.value || lpn >= t.bound {
+            return false;
+        }
+        if t.pending >= t.budget {
+            return false;
+        }
+        t.pending += 1;
+        t.lpn += 1;
+        t.value = DeltaRun::advance(value, 1);
+        self.span.get_mut().forget(lpn);
+        self.follow.get_mut().lpn = 0;
+        true
+    }
+
+    /// Writes the deferred appends (`Tail::pending`) into the tail's run and the counts. Every
+    /// update that is not `defer_tail` calls it first.
+    #[inline]
+    fn flush_tail(&mut self) {
+        let t = &mut self.tail;
+        let pending = t.pending;
+        if pending == 0 {
+            return;
+        }
+        t.pending = 0;
+        t.budget -= pending;
+        let delta = &mut self.deltas[t.d as usize];
+        // A delta covers at most GROUP_LPNS offsets, so the counts fit their u16s.
+        delta.runs[t.at as usize].len += pending as u16;
+        delta.entries += pending as u16;
+        self.buffered_entries += u64::from(pending);
     }
 
     /// Buffers `lpn -> value` if it continues the run group `g`'s last write went to
@@ -495,6 +568,8 @@ impl LearnedMapping {
                         .map_or(GROUP_LPNS as u32, |next| next.start() - 1),
                 d,
                 at: at as u32,
+                pending: 0,
+                budget: 0,
             },
             None => Tail::NONE,
         };
@@ -503,6 +578,7 @@ impl LearnedMapping {
     /// `set` where its fast path does not apply.
     #[inline(never)]
     fn set_slow(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
+        self.flush_tail();
         let (old, buffered) = self.lookup_with::<true>(lpn);
         if old == Some(ppn) {
             return old;
@@ -592,6 +668,7 @@ impl LearnedMapping {
 
     /// Removes delta `d` from the slab (swap-remove) and returns it.
     fn drop_delta(&mut self, d: u32) -> Delta {
+        debug_assert_eq!(self.tail.pending, 0);
         let delta = self.deltas.swap_remove(d as usize);
         self.last_delta = NO_LAST_DELTA;
         self.tail = Tail::NONE;
@@ -603,11 +680,22 @@ impl LearnedMapping {
         delta
     }
 
+    /// Merges until the buffer fits its bound, then gives the tail its budget. Every update that
+    /// changes the buffer, other than `defer_tail`, ends with it.
     #[inline]
     fn merge_while_over_bound(&mut self) {
-        if self.buffered_entries > self.buffer_bound() {
+        debug_assert_eq!(self.tail.pending, 0);
+        // Merges do not change the live count, so neither do they the bound.
+        let bound = self.buffer_bound();
+        if self.buffered_entries > bound {
             self.merge_to_bound();
         }
+        // Half the room left: each deferred append adds one LPN to the buffer, and a trim also
+        // lowers the bound by at most one per 16 (`live / BUFFER_LIVE_DIVISOR`), so `k` of them
+        // take at most `k + ceil(k / 16) <= 2k` of it. Merges therefore happen exactly when
+        // checking after every update would make them. (Fits: the bound is below 2^33.)
+        debug_assert!(self.buffered_entries <= bound);
+        self.tail.budget = ((bound - self.buffered_entries) / 2) as u32;
     }
 
     #[cold]
@@ -676,6 +764,7 @@ impl LearnedMapping {
 
     #[inline(never)]
     fn remove_mapped(&mut self, lpn: u32, buffered: bool) {
+        self.flush_tail();
         // A tombstone only where the blob still maps the LPN; otherwise forgetting is enough.
         // An answer from the compressed layer says it does, without a second search.
         let blob_maps = !buffered || self.compressed(lpn).is_some();
@@ -714,9 +803,8 @@ impl MappingTable for LearnedMapping {
         // the whole update's stack frame.
         let span = self.span.get();
         if let Some(old) = span.get(lpn) {
-            if (old.is_none() || span.buffered) && old != Some(ppn) && self.extend_tail(lpn, ppn) {
+            if (old.is_none() || span.buffered) && old != Some(ppn) && self.defer_tail(lpn, ppn) {
                 self.live += u64::from(old.is_none());
-                self.merge_while_over_bound();
                 return old;
             }
         }
@@ -729,6 +817,7 @@ impl MappingTable for LearnedMapping {
         debug_assert_eq!(self.lookup(lpn).0, Some(from));
         debug_assert_ne!(to, TOMBSTONE);
         debug_assert_ne!(from, to);
+        self.flush_tail();
         let (g, off) = (lpn >> GROUP_SHIFT, lpn & OFFSET_MASK);
         let buffered = self
             .delta(g)
@@ -742,7 +831,16 @@ impl MappingTable for LearnedMapping {
 
     #[inline]
     fn remove(&mut self, lpn: u32) -> Option<u32> {
-        // Trimming what is not mapped (most of a file system's discards) stays inline.
+        // Trimming what is not mapped (most of a file system's discards) stays inline, and so
+        // does a trim continuing the last one over pages the blob maps (a file deleted).
+        let span = self.span.get();
+        if let Some(old) = span.get(lpn) {
+            let old = old?;
+            if !span.buffered && self.defer_tail(lpn, TOMBSTONE) {
+                self.live -= 1;
+                return Some(old);
+            }
+        }
         let (old, buffered) = self.lookup(lpn);
         let old = old?;
         self.remove_mapped(lpn, buffered);
@@ -803,6 +901,7 @@ impl MappingTable for LearnedMapping {
     }
 
     fn compact(&mut self) {
+        self.flush_tail();
         let mut work = MergeScratch::default();
         while !self.deltas.is_empty() {
             self.merge(0, &mut work);
