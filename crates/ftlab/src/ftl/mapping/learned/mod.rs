@@ -693,7 +693,7 @@ impl LearnedMapping {
         // Half the room left: each deferred append adds one LPN to the buffer, and a trim also
         // lowers the bound by at most one per 16 (`live / BUFFER_LIVE_DIVISOR`), so `k` of them
         // take at most `k + ceil(k / 16) <= 2k` of it. Merges therefore happen exactly when
-        // checking after every update would make them. (Fits: the bound is below 2^33.)
+        // checking after every update would make them. (A u32: the bound is at most 2^32.)
         debug_assert!(self.buffered_entries <= bound);
         self.tail.budget = ((bound - self.buffered_entries) / 2) as u32;
     }
