@@ -798,12 +798,14 @@ impl MappingTable for LearnedMapping {
     fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
         debug_assert_ne!(ppn, TOMBSTONE);
         // The common case of a stream of writes, in a few registers: the lookup cursor knows
-        // the LPN is unmapped or buffered (so nothing can go in place), and the write continues
-        // the last buffered write (`Tail`). The rest is out of line: this path used to pay for
-        // the whole update's stack frame.
+        // the old PPN, and the write continues the last buffered write (`Tail`). The rest is out
+        // of line: this path used to pay for the whole update's stack frame. A stream that
+        // rewrites pages the blob maps goes to the buffer too, though the blob might take some
+        // of them in place: the next merge re-encodes the stream as one run, where writes in
+        // place would keep the group's old layout (that path is for random overwrites).
         let span = self.span.get();
         if let Some(old) = span.get(lpn) {
-            if (old.is_none() || span.buffered) && old != Some(ppn) && self.defer_tail(lpn, ppn) {
+            if old != Some(ppn) && self.defer_tail(lpn, ppn) {
                 self.live += u64::from(old.is_none());
                 return old;
             }
