@@ -63,6 +63,12 @@ struct Tail {
 }
 
 impl Tail {
+    /// Whether writing `value` to `lpn` lengthens the tail's run by one.
+    #[inline(always)]
+    fn continued_by(&self, lpn: u32, value: u32) -> bool {
+        lpn == self.lpn && value == self.value && lpn < self.bound
+    }
+
     /// Continues nothing (`lpn < bound` never holds).
     const NONE: Tail = Tail {
         lpn: 0,
@@ -472,7 +478,7 @@ impl LearnedMapping {
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
         let t = self.tail;
         debug_assert_eq!(t.pending, 0);
-        if lpn != t.lpn || value != t.value || lpn >= t.bound {
+        if !t.continued_by(lpn, value) {
             return false;
         }
         let delta = &mut self.deltas[t.d as usize];
@@ -484,10 +490,7 @@ impl LearnedMapping {
         r.len += 1;
         delta.entries += 1;
         self.buffered_entries += 1;
-        self.tail.lpn += 1;
-        self.tail.value = DeltaRun::advance(value, 1);
-        self.span.get_mut().forget(lpn);
-        self.follow.get_mut().lpn = 0;
+        self.step_tail(lpn, value);
         true
     }
 
@@ -497,18 +500,22 @@ impl LearnedMapping {
     #[inline(always)]
     fn defer_tail(&mut self, lpn: u32, value: u32) -> bool {
         let t = &mut self.tail;
-        if lpn != t.lpn || value != t.value || lpn >= t.bound {
-            return false;
-        }
-        if t.pending >= t.budget {
+        if !t.continued_by(lpn, value) || t.pending >= t.budget {
             return false;
         }
         t.pending += 1;
-        t.lpn += 1;
-        t.value = DeltaRun::advance(value, 1);
+        self.step_tail(lpn, value);
+        true
+    }
+
+    /// The tail now ends after `lpn` (just appended, holding `value`); the cursor and the
+    /// follow-on position no longer hold for it.
+    #[inline(always)]
+    fn step_tail(&mut self, lpn: u32, value: u32) {
+        self.tail.lpn += 1;
+        self.tail.value = DeltaRun::advance(value, 1);
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
-        true
     }
 
     /// Writes the deferred appends (`Tail::pending`) into the tail's run and the counts. Every
