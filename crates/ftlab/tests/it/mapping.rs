@@ -44,6 +44,14 @@ enum Pattern {
         lpn: u32,
         count: u32,
     },
+    /// A sequential write of `count` pages, then `overwrites` of them (one or two pages at a
+    /// time) written again at the log head: a line with outliers (`learned/patches.rs`).
+    Aged {
+        lpn: u32,
+        count: u32,
+        overwrites: u32,
+        seed: u64,
+    },
     /// `count` pages from `lpn` upward with PPNs drawn from a small device's worth (as a
     /// simulator with garbage collection reuses them): updates that fit a group's blob in place.
     Recycled {
@@ -62,6 +70,7 @@ fn pattern() -> impl Strategy<Value = Pattern> {
         1 => (0..LPNS, 0..u32::MAX).prop_map(|(lpn, ppn)| Pattern::RandomPpn { lpn, ppn }),
         2 => (0..LPNS, 1..2500u32).prop_map(|(lpn, count)| Pattern::Trim { lpn, count }),
         2 => (0..LPNS, 1..3000u32, any::<u64>()).prop_map(|(lpn, count, seed)| Pattern::Recycled { lpn, count, seed }),
+        2 => (0..LPNS, 2..5000u32, 1..200u32, any::<u64>()).prop_map(|(lpn, count, overwrites, seed)| Pattern::Aged { lpn, count, overwrites, seed }),
     ]
 }
 
@@ -99,6 +108,24 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
             Pattern::Trim { lpn, count } => {
                 for l in lpn..(lpn + count).min(LPNS) {
                     ops.push((l, None));
+                }
+            }
+            Pattern::Aged {
+                lpn,
+                count,
+                overwrites,
+                seed,
+            } => {
+                let end = (lpn + count).min(LPNS);
+                for l in lpn..end {
+                    write(l, &mut ops);
+                }
+                let mut rng = ftlab::rng::SplitMix64::new(seed);
+                for _ in 0..overwrites {
+                    let l = lpn + rng.bounded(u64::from(end - lpn)) as u32;
+                    for l in l..(l + 1 + rng.bounded(2) as u32).min(end) {
+                        write(l, &mut ops);
+                    }
                 }
             }
             Pattern::Recycled { lpn, count, seed } => {
@@ -296,10 +323,10 @@ fn learned_is_smaller_than_extent_on_every_real_trace() {
             learned.heap_bytes() as f64 / live,
             extent.heap_bytes() as f64 / live,
         );
-        let [runs, segments, words] = learned.encodings();
+        let [runs, segments, words, patched] = learned.encodings();
         eprintln!(
             "{name}: learned {l:.3} B/mapping, extent {e:.3}; groups: {runs} run lists, \
-             {segments} segments, {words} bitmap words"
+             {segments} segments, {words} bitmap words, {patched} patched"
         );
         assert!(l <= e, "{name}: learned {l} > extent {e}");
         if name == "rocksdb.nbdlog.gz" {

@@ -1,6 +1,8 @@
 //! One group's compressed form: a byte blob that answers a lookup without decoding the rest.
 //! Each group takes the smaller of the two below, or the bitmap words of `words.rs` where those
-//! cost little more (docs/mapping.md draws all three).
+//! cost little more; and where a few pages leave a line that resumes after them (outliers),
+//! whichever of those the group without them takes, with the outliers listed apart
+//! (`patches.rs`), if that is smaller (docs/mapping.md draws all four).
 //!
 //! Segments (the learned encoding), little endian:
 //!
@@ -35,6 +37,7 @@
 //! PPNs cost about log2(their spread) bits each.
 
 use super::fit::{self, bits_for, predict, Segment};
+use super::patches::{self, PATCH_FLAG};
 use super::words::{self, WORDS_FLAG};
 use super::GROUP_LPNS;
 
@@ -92,17 +95,17 @@ pub(super) fn wr_bits(b: &mut [u8], at: usize, bit: u64, width: u32, value: u64)
 }
 
 /// Appends little-endian bit fields to a byte vector.
-struct BitWriter<'a> {
+pub(super) struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
     acc: u64,
     n: u32,
 }
 
 impl<'a> BitWriter<'a> {
-    fn new(out: &'a mut Vec<u8>) -> Self {
+    pub(super) fn new(out: &'a mut Vec<u8>) -> Self {
         Self { out, acc: 0, n: 0 }
     }
-    fn put(&mut self, value: u64, width: u32) {
+    pub(super) fn put(&mut self, value: u64, width: u32) {
         debug_assert!(width <= 56 && (width == 56 || value < (1u64 << width)));
         if width == 0 {
             return;
@@ -115,7 +118,7 @@ impl<'a> BitWriter<'a> {
             self.n -= 8;
         }
     }
-    fn finish(self) {
+    pub(super) fn finish(self) {
         if self.n > 0 {
             self.out.push(self.acc as u8);
         }
@@ -207,7 +210,7 @@ impl Header {
 /// plain halving search over a few hundred starts reads a new cache line at each of its first
 /// steps, each waiting for the last: on pgbench's groups that was most of a lookup.
 #[inline]
-fn last_le(b: &[u8], at: usize, n: usize, key: u32, span: u32) -> Option<usize> {
+pub(super) fn last_le(b: &[u8], at: usize, n: usize, key: u32, span: u32) -> Option<usize> {
     let value = |i: usize| rd16(b, at + 2 * i);
     use super::super::runs::{count_le, count_le_from};
     if n <= INTERPOLATE_ABOVE {
@@ -334,12 +337,36 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
 #[inline]
 pub fn lookup_with<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
     let first = rd16(b, 0);
+    // One compare for the segments (every flag is above their `live`).
+    if first >= PATCH_FLAG {
+        if first & RUNS_FLAG != 0 {
+            return runs_lookup(b, off);
+        }
+        if first & WORDS_FLAG != 0 {
+            return words::lookup_with::<ROOM>(b, off);
+        }
+        return patches::lookup_with::<ROOM>(b, off);
+    }
+    segments_lookup::<ROOM>(b, off)
+}
+
+/// `lookup_with` for a blob that is not patched (a patched blob's inner one): without the call
+/// back into `patches.rs`, which would make `lookup_with` recursive and keep it out of line.
+#[inline]
+pub(super) fn lookup_unpatched<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
+    let first = rd16(b, 0);
+    debug_assert_eq!(first & PATCH_FLAG, 0);
     if first & RUNS_FLAG != 0 {
         return runs_lookup(b, off);
     }
     if first & WORDS_FLAG != 0 {
         return words::lookup_with::<ROOM>(b, off);
     }
+    segments_lookup::<ROOM>(b, off)
+}
+
+#[inline]
+fn segments_lookup<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
     let h = Header::read(b);
     // The run of mapped offsets holding `off`: [start, start + len), ranks from `rank0`.
     let (i, start, len, rank0) = if h.n_intervals == 0 {
@@ -369,6 +396,9 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
     let i = usize::from(at.run);
     if rd16(b, 0) & WORDS_FLAG != 0 {
         return words::lookup_with::<ROOM>(b, off);
+    }
+    if rd16(b, 0) & PATCH_FLAG != 0 {
+        return patches::lookup_with::<ROOM>(b, off);
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
@@ -589,6 +619,9 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
     if rd16(b, 0) & WORDS_FLAG != 0 {
         return words::update_in_place(b, off, ppn);
     }
+    if rd16(b, 0) & PATCH_FLAG != 0 {
+        return patches::update_in_place(b, off, ppn);
+    }
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
         let (offs_at, lens_at, ppns_at) = (2, 2 + 2 * n, 2 + 4 * n);
@@ -695,6 +728,9 @@ pub fn encoded_len(b: &[u8]) -> usize {
     if first & WORDS_FLAG != 0 {
         return words::encoded_len(b);
     }
+    if first & PATCH_FLAG != 0 {
+        return patches::encoded_len(b);
+    }
     let h = Header::read(b);
     let residual_bits = if h.w_off == 0 {
         0
@@ -719,7 +755,17 @@ pub struct Scratch {
     ranks: Vec<u16>,
     best: Vec<Segment>,
     trial: Vec<Segment>,
-    out: Vec<u8>,
+    pub(super) out: Vec<u8>,
+    /// The group's runs with its outliers put back on the line, and the outliers
+    /// (`patches::find`).
+    line: Vec<GroupRun>,
+    patches: Vec<(u16, u32)>,
+    /// What listing the outliers apart would save, as `encode_plain` counted them: (runs the
+    /// line would not need, pages listed).
+    outliers: (usize, usize),
+    /// The line's encoding, and the patched blob around it.
+    inner: Vec<u8>,
+    patched: Vec<u8>,
 }
 
 /// Field widths and encoded size of a segmentation.
@@ -826,6 +872,9 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
     let first = rd16(b, 0);
     if first & WORDS_FLAG != 0 {
         return words::decode_runs(b, out);
+    }
+    if first & PATCH_FLAG != 0 {
+        return patches::decode_runs(b, out);
     }
     if first & RUNS_FLAG != 0 {
         let n = (first & !RUNS_FLAG) as usize;
@@ -938,8 +987,38 @@ pub fn overlay<U: Copy>(
 }
 
 /// Encodes a group given as runs (offset order, as `push_run` builds them) into the scratch's
-/// buffer; None when there are none.
+/// buffer; None when there are none. Where some stretches of a page or two leave a line that
+/// resumes after them (outliers), the line without them is encoded too, and the smaller of
+/// the two taken (the line with the outliers listed apart: `patches.rs`).
 pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]> {
+    encode_plain(runs, s)?;
+    // Worth a second encoding only where the runs the outliers cost, at the plain blob's bytes
+    // per run, come to more than listing them would (about 5 bytes a page): a few among many
+    // short runs, as on pgbench, do not.
+    let (runs_saved, pages) = s.outliers;
+    if pages > 0 && s.out.len() * runs_saved / runs.len() > patches::FIXED_BYTES + 5 * pages {
+        let mut line = std::mem::take(&mut s.line);
+        let mut found = std::mem::take(&mut s.patches);
+        patches::find(runs, &mut line, &mut found);
+        std::mem::swap(&mut s.out, &mut s.inner);
+        encode_plain(&line, s).expect("the line maps the same offsets");
+        std::mem::swap(&mut s.out, &mut s.inner);
+        if patches::bytes(&found, s.inner.len()) < s.out.len() {
+            s.patched.clear();
+            s.patched
+                .reserve(patches::bytes(&found, s.inner.len()) + TAIL_PAD);
+            patches::write(&found, &s.inner, &mut s.patched);
+            std::mem::swap(&mut s.out, &mut s.patched);
+        }
+        s.line = line;
+        s.patches = found;
+    }
+    Some(s.out.as_slice())
+}
+
+/// `encode_runs` without looking for outliers: the smallest of segments, a run list and bitmap
+/// words (within `WORDS_MAX_GROWTH`), into `s.out`.
+pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     s.ys.clear();
     s.starts.clear();
     s.ranks.clear();
@@ -973,6 +1052,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     // the previous run's last, across any hole in the offsets (ranks have no holes).
     s.best.clear();
     let mut rank = 0u32;
+    let (mut outlier_runs, mut outlier_pages) = (0, 0);
     for &(_, len, ppn) in &s.runs {
         let len = u32::from(len);
         match s.best.last_mut() {
@@ -982,16 +1062,39 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
             {
                 seg.len += len;
             }
-            _ => s.best.push(Segment {
-                first: rank,
-                len,
-                slope_q16: 1 << fit::SLOPE_FRAC_BITS,
-                base: i64::from(ppn),
-                width: 0,
-            }),
+            _ => {
+                // Outliers (`patches.rs`): the last segment, or the last two of a page each,
+                // at most `MAX_PATCH_RANKS` ranks, left a line this run resumes. Counted here,
+                // where every break of a line is seen anyway, so that `encode_runs` looks for
+                // them only where listing them may pay (a walk of its own over every merge's
+                // runs cost pgbench's updates 8 % more instructions).
+                let resumes = |a: &Segment, ranks: u32| {
+                    ranks <= patches::MAX_PATCH_RANKS
+                        && a.base + i64::from(a.len + ranks) == i64::from(ppn)
+                };
+                match s.best.as_slice() {
+                    [.., a, x] if resumes(a, x.len) => {
+                        outlier_runs += 2;
+                        outlier_pages += x.len as usize;
+                    }
+                    [.., a, x, y] if x.len == 1 && y.len == 1 && resumes(a, 2) => {
+                        outlier_runs += 3;
+                        outlier_pages += 2;
+                    }
+                    _ => {}
+                }
+                s.best.push(Segment {
+                    first: rank,
+                    len,
+                    slope_q16: 1 << fit::SLOPE_FRAC_BITS,
+                    base: i64::from(ppn),
+                    width: 0,
+                })
+            }
         }
         rank += len;
     }
+    s.outliers = (outlier_runs, outlier_pages);
     let needs_points = (live as usize) < 64 * s.best.len();
     // The points (PPNs by rank) are made lazily: the probes below need the first
     // `CONE_PROBE_POINTS`, and only a fit that is really tried needs all of them (making all of a
@@ -1080,7 +1183,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     if let Some(plan) = words_plan {
         if plan.bytes <= words_cap(runs_bytes.min(best_bytes), live) {
             words::write(&s.runs, &plan, &mut s.out);
-            return Some(s.out.as_slice());
+            return Some(());
         }
     }
     let out = &mut s.out;
@@ -1100,7 +1203,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
             out.extend_from_slice(&r.2.to_le_bytes());
         }
         debug_assert_eq!(out.len(), runs_bytes);
-        return Some(out.as_slice());
+        return Some(());
     }
     let l = layout(n_intervals, &s.best);
     out.extend_from_slice(&(live as u16).to_le_bytes());
@@ -1152,7 +1255,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     }
     w.finish();
     debug_assert_eq!(out.len(), l.bytes);
-    Some(out.as_slice())
+    Some(())
 }
 
 /// The largest bitmap-word blob a group of `live` mappings takes, where the smaller of the other
@@ -1186,6 +1289,8 @@ pub enum Encoding {
     Runs,
     Segments,
     Words,
+    /// Outliers listed apart from the line of one of the others (`patches.rs`).
+    Patched,
 }
 
 /// A hint that offset `off` of blob `b` will be read soon: in bitmap words, the lines of its
@@ -1204,8 +1309,11 @@ pub fn prefetch(b: &[u8], off: u32) {
 /// offset's residual.
 #[inline]
 pub fn prefetch_near(b: &[u8], off: u32) {
-    if encoding(b) == Encoding::Words {
-        words::prefetch_residual(b, off);
+    match encoding(b) {
+        Encoding::Words => words::prefetch_residual(b, off),
+        // The patches' header is in now: start on the inner blob.
+        Encoding::Patched => prefetch(patches::inner(b), off),
+        Encoding::Runs | Encoding::Segments => {}
     }
 }
 
@@ -1217,6 +1325,8 @@ pub fn encoding(b: &[u8]) -> Encoding {
         Encoding::Runs
     } else if first & WORDS_FLAG != 0 {
         Encoding::Words
+    } else if first & PATCH_FLAG != 0 {
+        Encoding::Patched
     } else {
         Encoding::Segments
     }
@@ -1227,6 +1337,9 @@ pub fn live(b: &[u8]) -> u32 {
     let first = rd16(b, 0);
     if first & WORDS_FLAG != 0 {
         return words::live(b);
+    }
+    if first & PATCH_FLAG != 0 {
+        return patches::live(b);
     }
     if first & RUNS_FLAG == 0 {
         return first;
@@ -1330,10 +1443,35 @@ pub fn encode_words(dense: &[u32]) -> Vec<u8> {
     blob
 }
 
-/// Checks both the encoding `encode` chooses for `dense` and its bitmap words (`check_blob`),
-/// then tries each of `updates` (offset, PPN) in place in both: a blob that takes one must read
-/// it back with its length unchanged, one that refuses must stay as it was. For the tests and
-/// the fuzz target `group_encodings`.
+/// `dense` with its outliers listed apart (`patches.rs`), whatever `encode_runs` would choose,
+/// padded; None when it has none. For the tests and the fuzz target.
+#[doc(hidden)]
+pub fn encode_patched(dense: &[u32]) -> Option<Vec<u8>> {
+    let mut runs = Vec::new();
+    for (off, &ppn) in dense.iter().enumerate() {
+        if ppn != UNMAPPED {
+            push_run(&mut runs, off as u32, 1, ppn);
+        }
+    }
+    let (mut line, mut found) = (Vec::new(), Vec::new());
+    patches::find(&runs, &mut line, &mut found);
+    if found.is_empty() {
+        return None;
+    }
+    let mut s = Scratch::default();
+    encode_plain(&line, &mut s).expect("the line maps the same offsets");
+    let mut blob = Vec::new();
+    patches::write(&found, &s.out, &mut blob);
+    assert_eq!(blob.len(), patches::bytes(&found, s.out.len()));
+    blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+    assert_eq!(encoded_len(&blob), blob.len() - TAIL_PAD);
+    Some(blob)
+}
+
+/// Checks the encoding `encode` chooses for `dense`, its bitmap words and, where it has
+/// outliers, its patched form (`check_blob`), then tries each of `updates` (offset, PPN) in
+/// place in each: a blob that takes one must read it back with its length unchanged, one that
+/// refuses must stay as it was. For the tests and the fuzz target `group_encodings`.
 #[doc(hidden)]
 pub fn check_encodings(dense: &[u32], updates: &[(u32, u32)]) {
     let mut s = Scratch::default();
@@ -1346,7 +1484,12 @@ pub fn check_encodings(dense: &[u32], updates: &[(u32, u32)]) {
     let len = chosen.len();
     chosen.extend_from_slice(&[0xA5; TAIL_PAD]);
     assert_eq!(encoded_len(&chosen), len);
-    for mut blob in [chosen, encode_words(dense)] {
+    let forms = [
+        Some(chosen),
+        Some(encode_words(dense)),
+        encode_patched(dense),
+    ];
+    for mut blob in forms.into_iter().flatten() {
         let mut dense = dense.to_vec();
         check_blob(&blob, &dense);
         let len = encoded_len(&blob);

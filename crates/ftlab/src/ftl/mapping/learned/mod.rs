@@ -15,6 +15,7 @@
 
 pub mod fit;
 pub mod group;
+pub mod patches;
 pub mod store;
 pub mod words;
 
@@ -271,9 +272,10 @@ impl LearnedMapping {
         &self.stats
     }
 
-    /// Groups holding mappings, by encoding: run lists, segments, bitmap words.
-    pub fn encodings(&self) -> [u64; 3] {
-        let mut counts = [0; 3];
+    /// Groups holding mappings, by encoding: run lists, segments, bitmap words, patched (any
+    /// of those three with outliers listed apart).
+    pub fn encodings(&self) -> [u64; 4] {
+        let mut counts = [0; 4];
         for g in 0..self.groups.groups() as u32 {
             if let Some(blob) = self.groups.blob(g) {
                 counts[group::encoding(blob) as usize] += 1;
