@@ -2,8 +2,8 @@
 //! and lists those offsets apart. This is what a sequentially written range looks like after
 //! some of its pages were written again (each took the log head's PPN, far from the line) or
 //! moved by garbage collection: without patches every such page cuts the line in three
-//! segments (two more segment starts and records, about 9 bytes a page); with them it costs
-//! its offset and its PPN's bits above the group's smallest patch PPN (about 4.5 bytes).
+//! segments or runs (9-15 bytes a page, `examples/outliers.rs`); with them it costs its offset
+//! and its PPN's bits above the group's smallest patch PPN (4-5 bytes).
 //!
 //! A patched blob wraps one of the other encodings, little endian:
 //!
