@@ -836,12 +836,7 @@ const CONE_PROBE_POINTS: usize = 256;
 pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
     debug_assert!(dense.len() <= GROUP_LPNS);
     let mut runs = std::mem::take(&mut s.input);
-    runs.clear();
-    for (off, &ppn) in dense.iter().enumerate() {
-        if ppn != UNMAPPED {
-            push_run(&mut runs, off as u32, 1, ppn);
-        }
-    }
+    dense_runs(dense, &mut runs);
     let encoded = encode_runs(&runs, s).is_some();
     s.input = runs;
     encoded.then_some(s.out.as_slice())
@@ -849,6 +844,16 @@ pub fn encode<'s>(dense: &[u32], s: &'s mut Scratch) -> Option<&'s [u8]> {
 
 /// (offset, length, first PPN): a run of consecutive offsets mapping to consecutive PPNs.
 pub type GroupRun = (u16, u16, u32);
+
+/// The runs of `dense` (one PPN or `UNMAPPED` per group offset), into `runs`.
+pub(super) fn dense_runs(dense: &[u32], runs: &mut Vec<GroupRun>) {
+    runs.clear();
+    for (off, &ppn) in dense.iter().enumerate() {
+        if ppn != UNMAPPED {
+            push_run(runs, off as u32, 1, ppn);
+        }
+    }
+}
 
 /// Appends a run, joining it to the last one when it continues it.
 #[inline]
@@ -1003,10 +1008,10 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
         std::mem::swap(&mut s.out, &mut s.inner);
         encode_plain(&line, s).expect("the line maps the same offsets");
         std::mem::swap(&mut s.out, &mut s.inner);
-        if patches::bytes(&found, s.inner.len()) < s.out.len() {
+        let bytes = patches::bytes(&found, s.inner.len());
+        if bytes < s.out.len() {
             s.patched.clear();
-            s.patched
-                .reserve(patches::bytes(&found, s.inner.len()) + TAIL_PAD);
+            s.patched.reserve(bytes + TAIL_PAD);
             patches::write(&found, &s.inner, &mut s.patched);
             std::mem::swap(&mut s.out, &mut s.patched);
         }
@@ -1428,11 +1433,7 @@ pub fn check_blob(blob: &[u8], dense: &[u32]) {
 #[doc(hidden)]
 pub fn encode_words(dense: &[u32]) -> Vec<u8> {
     let mut runs = Vec::new();
-    for (off, &ppn) in dense.iter().enumerate() {
-        if ppn != UNMAPPED {
-            push_run(&mut runs, off as u32, 1, ppn);
-        }
-    }
+    dense_runs(dense, &mut runs);
     let plan = words::plan(&runs);
     let mut blob = Vec::new();
     words::write(&runs, &plan, &mut blob);
@@ -1448,11 +1449,7 @@ pub fn encode_words(dense: &[u32]) -> Vec<u8> {
 #[doc(hidden)]
 pub fn encode_patched(dense: &[u32]) -> Option<Vec<u8>> {
     let mut runs = Vec::new();
-    for (off, &ppn) in dense.iter().enumerate() {
-        if ppn != UNMAPPED {
-            push_run(&mut runs, off as u32, 1, ppn);
-        }
-    }
+    dense_runs(dense, &mut runs);
     let (mut line, mut found) = (Vec::new(), Vec::new());
     patches::find(&runs, &mut line, &mut found);
     if found.is_empty() {

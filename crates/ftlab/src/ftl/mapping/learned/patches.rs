@@ -278,16 +278,6 @@ mod tests {
         dense
     }
 
-    fn runs_of(dense: &[u32]) -> Vec<GroupRun> {
-        let mut runs = Vec::new();
-        for (off, &ppn) in dense.iter().enumerate() {
-            if ppn != UNMAPPED {
-                push_run(&mut runs, off as u32, 1, ppn);
-            }
-        }
-        runs
-    }
-
     #[test]
     fn find_patches_short_stretches_where_the_line_resumes() {
         let find_in = |runs: &[GroupRun]| {
@@ -347,7 +337,8 @@ mod tests {
             let mut chosen = encode(&dense, &mut s).expect("mapped").to_vec();
             let len = chosen.len();
             chosen.extend_from_slice(&[0xA5; group::TAIL_PAD]);
-            let runs = runs_of(&dense);
+            let mut runs = Vec::new();
+            group::dense_runs(&dense, &mut runs);
             let (mut line, mut found) = (Vec::new(), Vec::new());
             find(&runs, &mut line, &mut found);
             assert!(!found.is_empty(), "k {k}");
