@@ -1,6 +1,6 @@
 //! Arbitrary operation sequences on every mapping table against a HashMap oracle; the learned
-//! table merges after every 32 buffered entries and its compressed layer is read back after
-//! each merge.
+//! table merges once its buffer holds more than 32 entries and a sixteenth of the live
+//! mappings, and its compressed layer is read back after each merge.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -8,5 +8,6 @@ fuzz_target!(|data: &[u8]| {
     // Two whole groups and a partial third: group boundaries are always near.
     let lpns = 2 * ftlab::ftl::mapping::learned::GROUP_LPNS as u32 + 77;
     let ops = ftlab::ftl::mapping::oracle::ops_from_bytes(data, lpns);
-    ftlab::ftl::mapping::oracle::check_all(&ops, lpns, 32);
+    let divisor = ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR;
+    ftlab::ftl::mapping::oracle::check_all(&ops, lpns, 32, divisor);
 });

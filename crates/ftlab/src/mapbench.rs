@@ -326,6 +326,9 @@ pub struct MapBench {
     pub simulator: Option<SimulatorRun>,
     /// The learned table's figure (the only table with a compressed layer).
     pub compressed_get_fraction: Option<f64>,
+    /// The learned table's update buffer holds up to one in this many live mappings (at least
+    /// 256 LPNs; `--learned-buffer-divisor`).
+    pub learned_buffer_divisor: u64,
     pub latency_method: String,
     pub tables: Vec<TableResult>,
 }
@@ -505,13 +508,16 @@ impl Phases {
 }
 
 /// One throughput round of the named table, on a fresh table.
-fn throughput_round(name: &str, pages: u64, ops: &MapOps) -> (f64, f64, f64) {
+fn throughput_round(name: &str, pages: u64, ops: &MapOps, divisor: u64) -> (f64, f64, f64) {
     let (s, g, r, _) = match name {
         "flat-u64" => timed_phases(&mut FlatU64::new(pages), ops),
         "flat-u32" => timed_phases(&mut FlatMapping::new(pages), ops),
         "hash" => timed_phases(&mut HashMapping::new(), ops),
         "extent" => timed_phases(&mut ExtentMapping::new(), ops),
-        "learned" => timed_phases(&mut LearnedMapping::new(pages), ops),
+        "learned" => timed_phases(
+            &mut LearnedMapping::new(pages).buffer_live_divisor(divisor),
+            ops,
+        ),
         other => panic!("unknown table {other}; the command line checks names"),
     };
     (s, g, r)
@@ -623,8 +629,16 @@ pub fn run_table<M: MappingTable>(
     }
 }
 
-/// Runs the named tables over `ops`.
-pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat: u32) -> MapBench {
+/// Runs the named tables over `ops`; the learned table's buffer holds up to one in
+/// `learned_buffer_divisor` live mappings (a power of two; `BUFFER_LIVE_DIVISOR` by default).
+pub fn run(
+    trace: &str,
+    ppns: PpnSource,
+    ops: &MapOps,
+    tables: &[String],
+    repeat: u32,
+    learned_buffer_divisor: u64,
+) -> MapBench {
     let oracle = ops.oracle();
     let pages = ops.logical_pages;
     let clock = Clock::calibrate();
@@ -635,7 +649,7 @@ pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat
     let mut best = vec![Phases::NONE; tables.len()];
     for _ in 1..repeat.max(1) {
         for (name, best) in tables.iter().zip(&mut best) {
-            best.keep_fastest(throughput_round(name, pages, ops));
+            best.keep_fastest(throughput_round(name, pages, ops, learned_buffer_divisor));
         }
     }
     let mut results = Vec::new();
@@ -657,7 +671,7 @@ pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat
             "hash" => run_table(HashMapping::new, ops, &oracle, best, repeat, &clock),
             "extent" => run_table(ExtentMapping::new, ops, &oracle, best, repeat, &clock),
             "learned" => run_table(
-                || LearnedMapping::new(pages),
+                || LearnedMapping::new(pages).buffer_live_divisor(learned_buffer_divisor),
                 ops,
                 &oracle,
                 best,
@@ -686,6 +700,7 @@ pub fn run(trace: &str, ppns: PpnSource, ops: &MapOps, tables: &[String], repeat
         live_mappings: oracle.iter().filter(|&&v| v != REMOVE).count() as u64,
         simulator: ops.simulator.clone(),
         compressed_get_fraction: results.iter().find_map(|r| r.compressed_get_fraction),
+        learned_buffer_divisor,
         latency_method: format!(
             "{}; quantiles are the median over {} passes",
             clock.method(),
@@ -758,8 +773,9 @@ pub fn markdown(b: &MapBench) -> String {
     if let Some(f) = b.compressed_get_fraction {
         let _ = writeln!(
             o,
-            "\nlearned: {:.1} % of lookups answered by the compressed layer",
-            100.0 * f
+            "\nlearned: {:.1} % of lookups answered by the compressed layer (buffer: up to 1/{} of the live mappings)",
+            100.0 * f,
+            b.learned_buffer_divisor
         );
     }
     let _ = writeln!(o, "latency: {}", b.latency_method);
@@ -792,6 +808,7 @@ pub struct TiledResult {
 pub fn run_tiled(
     ops: &MapOps,
     tiles: u64,
+    learned_buffer_divisor: u64,
     mut progress: impl FnMut(u64),
 ) -> anyhow::Result<TiledResult> {
     let tile_lpns = ops.logical_pages;
@@ -807,7 +824,7 @@ pub fn run_tiled(
     );
     let oracle = ops.oracle();
     let before = allocator_in_use();
-    let mut table = LearnedMapping::new(logical_pages);
+    let mut table = LearnedMapping::new(logical_pages).buffer_live_divisor(learned_buffer_divisor);
     let t0 = Instant::now();
     for k in 0..tiles {
         let lpn_base = (k * tile_lpns) as u32;

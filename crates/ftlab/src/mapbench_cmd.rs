@@ -1,6 +1,7 @@
 //! `ftlab mapbench`: the command line over `ftlab::mapbench`.
 
 use anyhow::{Context, Result};
+use ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR;
 use ftlab::mapbench::{self, PpnSource, TABLE_NAMES};
 use ftlab::trace::TraceFormat;
 use std::path::PathBuf;
@@ -42,6 +43,11 @@ pub struct MapbenchArgs {
     /// are the median over as many timed passes.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
+    /// The learned table's update buffer may hold one in this many live mappings (a power of
+    /// two, at most 2^20; at least 256 LPNs and at most 2^20 in any case). Smaller means fewer
+    /// merges and more lookups answered by the buffer rather than the compressed layer.
+    #[arg(long, value_name = "N", default_value_t = BUFFER_LIVE_DIVISOR, value_parser = parse_divisor)]
+    learned_buffer_divisor: u64,
     /// Write the results as JSON: one object per trace and PPN source (an array when several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -110,6 +116,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
                 &ops,
                 &args.tables,
                 args.repeat,
+                args.learned_buffer_divisor,
             );
             println!("{}", mapbench::markdown(&result));
             all.push(result);
@@ -140,7 +147,7 @@ fn run_tiled(
     let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)?;
     let tiles = bytes / 4096 / ops.logical_pages;
     let mut view = crate::ProgressView::new(true);
-    let result = mapbench::run_tiled(&ops, tiles, |done| {
+    let result = mapbench::run_tiled(&ops, tiles, args.learned_buffer_divisor, |done| {
         view.update(ftlab::sim::Progress {
             phase: "tiling",
             done,
@@ -177,4 +184,15 @@ fn run_tiled(
         "the learned table did not read back every mapping"
     );
     Ok(())
+}
+
+fn parse_divisor(text: &str) -> Result<u64, String> {
+    let n: u64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number"))?;
+    if n.is_power_of_two() && n <= 1 << 20 {
+        Ok(n)
+    } else {
+        Err(format!("{n} is not a power of two from 1 to 1048576"))
+    }
 }

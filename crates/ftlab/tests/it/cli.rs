@@ -168,6 +168,43 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
         }
     }
 
+    assert_eq!(v["learned_buffer_divisor"], 16);
+
+    // A buffer as large as the live mappings answers lookups the compressed layer answered.
+    let (ok, stdout, stderr) = ftlab(&[
+        "mapbench",
+        "--tables",
+        "learned",
+        "--repeat",
+        "1",
+        "--learned-buffer-divisor",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        t.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("up to 1/1 of the live mappings"),
+        "{stdout}"
+    );
+    let big: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(big["learned_buffer_divisor"], 1);
+    assert_eq!(big["tables"][0]["lossless_verified"], true);
+    let big_fraction = big["compressed_get_fraction"].as_f64().unwrap();
+    assert!(big_fraction < fraction, "{big_fraction} vs {fraction}");
+    let (ok, _, stderr) = ftlab(&[
+        "mapbench",
+        "--learned-buffer-divisor",
+        "3",
+        t.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && stderr.contains("3 is not a power of two"),
+        "{stderr}"
+    );
+
     let (ok, _, stderr) = ftlab(&["mapbench", "--tables", "flat,btree", t.to_str().unwrap()]);
     assert!(!ok && stderr.contains("unknown table `flat`"), "{stderr}");
     let (ok, _, stderr) = ftlab(&["mapbench", "/nonexistent/trace.csv"]);

@@ -3,7 +3,7 @@
 //! learned table runs with a tiny buffer so that it merges often, and after every merge every
 //! LPN the buffer does not hold is read back from the compressed layer itself.
 
-use ftlab::ftl::mapping::learned::GROUP_LPNS;
+use ftlab::ftl::mapping::learned::{BUFFER_LIVE_DIVISOR, GROUP_LPNS};
 use ftlab::ftl::mapping::{oracle, LearnedMapping, MappingTable};
 use proptest::prelude::*;
 
@@ -166,7 +166,7 @@ proptest! {
     /// Trace-shaped sequences: a window of a real trace's updates (writes in runs, trims of
     /// whole files, rewrites), its LPNs folded into the small test space.
     #[test]
-    fn real_trace_windows_match_a_hashmap(trace in 0..3usize, start in 0..1_000_000usize, len in 1..6000usize) {
+    fn real_trace_windows_match_a_hashmap(trace in 0..3usize, start in 0..1_000_000usize, len in 1..6000usize, divisor_log2 in 0..6u32) {
         let updates = &real_updates()[trace];
         let start = start % updates.len();
         let window = &updates[start..(start + len).min(updates.len())];
@@ -174,17 +174,17 @@ proptest! {
             .iter()
             .map(|&(lpn, v)| (lpn % LPNS, (v != ftlab::mapbench::REMOVE).then_some(v)))
             .collect();
-        oracle::check_all(&ops, LPNS, 64);
+        oracle::check_all(&ops, LPNS, 64, 1 << divisor_log2);
     }
 
     #[test]
     fn every_table_matches_a_hashmap(patterns in prop::collection::vec(pattern(), 1..40)) {
-        oracle::check_all(&expand(&patterns), LPNS, 64);
+        oracle::check_all(&expand(&patterns), LPNS, 64, BUFFER_LIVE_DIVISOR);
     }
 
     #[test]
     fn fuzz_decoded_operations_match_a_hashmap(data in prop::collection::vec(any::<u8>(), 0..400)) {
-        oracle::check_all(&oracle::ops_from_bytes(&data, LPNS), LPNS, 32);
+        oracle::check_all(&oracle::ops_from_bytes(&data, LPNS), LPNS, 32, BUFFER_LIVE_DIVISOR);
     }
 
     /// The `group_encodings` fuzz target's check, on random bytes: one group in its chosen
@@ -386,6 +386,7 @@ fn simulator_ppns_carry_the_gc_relocations() {
         &sim,
         &["extent".to_string(), "learned".to_string()],
         1,
+        ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
     );
     assert_eq!(
         result.simulator.as_ref().unwrap().gc_write_pages,

@@ -79,14 +79,16 @@ pub fn check_table<M: MappingTable>(
     }
 }
 
-/// All four tables on `ops`; the learned one with a buffer of `learned_buffer` entries, and after
-/// each of its merges every LPN the buffer does not hold is read from the compressed layer.
-pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64) {
+/// All four tables on `ops`; the learned one with a buffer of at least `learned_buffer` entries
+/// (or one in `learned_divisor` live mappings), and after each of its merges every LPN the
+/// buffer does not hold is read from the compressed layer.
+pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64, learned_divisor: u64) {
     check_table(&mut FlatMapping::new(u64::from(lpns)), ops, lpns, |_, _| {});
     check_table(&mut HashMapping::new(), ops, lpns, |_, _| {});
     check_table(&mut ExtentMapping::new(), ops, lpns, |_, _| {});
     let mut merges_seen = 0;
-    let mut learned = LearnedMapping::with_buffer(u64::from(lpns), learned_buffer);
+    let mut learned = LearnedMapping::with_buffer(u64::from(lpns), learned_buffer)
+        .buffer_live_divisor(learned_divisor);
     check_table(&mut learned, ops, lpns, |t, oracle| {
         t.assert_buffer_counts();
         if t.stats().merges == merges_seen {

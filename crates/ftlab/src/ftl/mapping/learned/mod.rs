@@ -35,7 +35,8 @@ const TOMBSTONE: u32 = u32::MAX;
 
 /// The buffer may hold this many LPNs at least...
 pub const BUFFER_MIN_ENTRIES: u64 = 256;
-/// ...or one in this many live mappings, whichever is more...
+/// ...or one in this many live mappings, whichever is more (the default of
+/// `LearnedMapping::buffer_live_divisor`)...
 pub const BUFFER_LIVE_DIVISOR: u64 = 16;
 /// ...but never more than this (8 MiB of runs at worst, on any device size).
 pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
@@ -227,6 +228,9 @@ pub struct LearnedMapping {
     tail: Tail,
     live: u64,
     buffer_min_entries: u64,
+    /// The buffer may hold one in `2^this` live mappings (`BUFFER_LIVE_DIVISOR` unless set; a
+    /// shift, as the bound is checked on every update that is not a stream's).
+    buffer_live_shift: u32,
     gets: Cell<u64>,
     /// Lookups the buffer answered (the rare case, so the common one writes one counter).
     buffered_gets: Cell<u64>,
@@ -259,6 +263,7 @@ impl LearnedMapping {
             tail: Tail::NONE,
             live: 0,
             buffer_min_entries,
+            buffer_live_shift: BUFFER_LIVE_DIVISOR.trailing_zeros(),
             gets: Cell::new(0),
             buffered_gets: Cell::new(0),
             span: Cell::new(Span::default()),
@@ -266,6 +271,15 @@ impl LearnedMapping {
             room_hint: Cell::new((0, group::NO_ROOM)),
             stats: LearnedStats::default(),
         }
+    }
+
+    /// The same table with a buffer of up to one in `divisor` live mappings (a power of two; the
+    /// default is `BUFFER_LIVE_DIVISOR`): a larger buffer merges less often and answers more
+    /// lookups itself (`ftlab mapbench --learned-buffer-divisor`, docs/mapping.md).
+    pub fn buffer_live_divisor(mut self, divisor: u64) -> Self {
+        assert!(divisor.is_power_of_two(), "buffer divisor {divisor}");
+        self.buffer_live_shift = divisor.trailing_zeros();
+        self
     }
 
     pub fn stats(&self) -> &LearnedStats {
@@ -326,7 +340,7 @@ impl LearnedMapping {
 
     #[inline]
     pub fn buffer_bound(&self) -> u64 {
-        (self.live / BUFFER_LIVE_DIVISOR)
+        (self.live >> self.buffer_live_shift)
             .min(BUFFER_MAX_ENTRIES)
             .max(self.buffer_min_entries)
     }
@@ -700,8 +714,8 @@ impl LearnedMapping {
             self.merge_to_bound();
         }
         // Half the room left: each deferred append adds one LPN to the buffer, and a trim also
-        // lowers the bound by at most one per 16 (`live / BUFFER_LIVE_DIVISOR`), so `k` of them
-        // take at most `k + ceil(k / 16) <= 2k` of it. Merges therefore happen exactly when
+        // lowers the bound by at most one per `d` (`live >> buffer_live_shift`, d >= 1), so `k`
+        // of them take at most `k + ceil(k / d) <= 2k` of it. Merges therefore happen exactly when
         // checking after every update would make them. (A u32: the bound is at most 2^32.)
         debug_assert!(self.buffered_entries <= bound);
         self.tail.budget = ((bound - self.buffered_entries) / 2) as u32;
