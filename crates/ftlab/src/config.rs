@@ -107,6 +107,10 @@ pub struct CapacityConfig {
 pub struct FtlConfig {
     #[serde(default = "flat")]
     pub mapping: String,
+    /// `learned` only: its update buffer holds up to one in this many live mappings (a power
+    /// of two; docs/mapping.md, "How large a buffer").
+    #[serde(default = "learned_buffer_divisor")]
+    pub learned_buffer_divisor: u64,
     #[serde(default = "one")]
     pub streams: u32,
     /// GC relocations go to their own frontier per stream instead of the host's.
@@ -210,6 +214,9 @@ fn one_f() -> f64 {
 }
 fn two_f() -> f64 {
     2.0
+}
+fn learned_buffer_divisor() -> u64 {
+    crate::ftl::mapping::learned::BUFFER_LIVE_DIVISOR
 }
 fn flat() -> String {
     "flat".into()

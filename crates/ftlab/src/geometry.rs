@@ -153,6 +153,13 @@ impl Geometry {
                 ),
             ));
         }
+        let divisor = ftl.learned_buffer_divisor;
+        if !(divisor.is_power_of_two() && divisor <= 1 << 20) {
+            return Err(invalid(
+                "ftl.learned_buffer_divisor",
+                format!("{divisor} is not a power of two from 1 to 1048576"),
+            ));
+        }
         if !(ftl.write_buffer_mib.is_finite() && ftl.write_buffer_mib >= 0.0) {
             return Err(invalid("ftl.write_buffer_mib", "must be a number >= 0"));
         }

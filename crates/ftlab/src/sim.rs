@@ -85,7 +85,8 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report
         "extent" => run_with(config, ExtentMapping::new(), progress),
         "learned" => run_with(
             config,
-            LearnedMapping::new(geometry.logical_pages),
+            LearnedMapping::new(geometry.logical_pages)
+                .buffer_live_divisor(config.ftl.learned_buffer_divisor),
             progress,
         ),
         other => unreachable!("config validation admits only known tables, got {other}"),

@@ -43,7 +43,8 @@ impl ModelFtl {
             "extent" => ModelFtl::Extent(Box::new(Ftl::new(config, ExtentMapping::new()))),
             "learned" => ModelFtl::Learned(Box::new(Ftl::new(
                 config,
-                LearnedMapping::new(logical_pages),
+                LearnedMapping::new(logical_pages)
+                    .buffer_live_divisor(config.ftl.learned_buffer_divisor),
             ))),
             // Config validation admits only the tables above and `flat`.
             _ => ModelFtl::Flat(Box::new(Ftl::new(config, FlatMapping::new(logical_pages)))),

@@ -22,6 +22,7 @@ fn impossible_configs_name_the_key_and_why() {
     assert!(err("femu", &["capacity.spare_factor=1.5"]).contains("capacity.spare_factor"));
     assert!(err("femu", &["ftl.gc_thres_pcent_high=50"]).contains("ftl.gc_thres_pcent_high"));
     assert!(err("femu", &["ftl.mapping=btree"]).contains("ftl.mapping"));
+    assert!(err("femu", &["ftl.learned_buffer_divisor=12"]).contains("ftl.learned_buffer_divisor"));
     assert!(err("femu", &["workload.kind=bursty"]).contains("workload.kind"));
     assert!(err("femu", &["workload.read_pcent=140"]).contains("workload.read_pcent"));
     assert!(err("femu", &["workload.queue_depth=0"]).contains("workload.queue_depth"));

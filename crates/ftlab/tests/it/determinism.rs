@@ -54,19 +54,27 @@ fn every_mapping_table_gives_the_flat_tables_results() {
     let strip = |r: ftlab::Report| {
         let mut v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         v.as_object_mut().unwrap().remove("mapping");
-        v["config"]["ftl"]
-            .as_object_mut()
-            .unwrap()
-            .remove("mapping");
+        let ftl = v["config"]["ftl"].as_object_mut().unwrap();
+        ftl.remove("mapping");
+        ftl.remove("learned_buffer_divisor");
         v
     };
     let flat = run(&config("femu", &sets));
     assert!(flat.gc.write_pages > 0, "the comparison must include GC");
     let flat = strip(flat);
-    for table in ["learned", "extent", "hash"] {
+    let mut fractions = Vec::new();
+    // The learned table also with a buffer as large as the live mappings (divisor 1).
+    for (table, divisor) in [
+        ("learned", 16),
+        ("learned", 1),
+        ("extent", 16),
+        ("hash", 16),
+    ] {
         let mut with = sets.to_vec();
         let set = format!("ftl.mapping=\"{table}\"");
+        let set_divisor = format!("ftl.learned_buffer_divisor={divisor}");
         with.push(&set);
+        with.push(&set_divisor);
         let report = run(&config("femu", &with));
         assert_eq!(report.mapping.table, table);
         if table == "learned" {
@@ -74,8 +82,18 @@ fn every_mapping_table_gives_the_flat_tables_results() {
                 .mapping
                 .compressed_get_fraction
                 .expect("learned reports it");
-            assert!(f > 0.5, "compressed layer answered {f}");
+            fractions.push(f);
         }
-        assert!(strip(report) == flat, "{table} changed the simulation");
+        assert!(
+            strip(report) == flat,
+            "{table} (buffer divisor {divisor}) changed the simulation"
+        );
     }
+    // More lookups answered by the larger buffer, and most by the compressed layer by default.
+    assert!(
+        fractions[0] > 0.5,
+        "compressed layer answered {}",
+        fractions[0]
+    );
+    assert!(fractions[1] < fractions[0], "{fractions:?}");
 }
