@@ -43,9 +43,9 @@ pub struct MapbenchArgs {
     /// are the median over as many timed passes.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
-    /// The learned table's update buffer may hold one in this many live mappings (a power of
-    /// two, at most 2^20; at least 256 LPNs and at most 2^20 in any case). Smaller means fewer
-    /// merges and more lookups answered by the buffer rather than the compressed layer.
+    /// The learned table's update buffer may hold one in N live mappings (N a power of two up
+    /// to 2^20; whatever N, at least 256 and at most 2^20 LPNs). A smaller N means fewer merges
+    /// and more lookups answered by the buffer rather than the compressed layer.
     #[arg(long, value_name = "N", default_value_t = BUFFER_LIVE_DIVISOR, value_parser = parse_divisor)]
     learned_buffer_divisor: u64,
     /// Write the results as JSON: one object per trace and PPN source (an array when several).
