@@ -118,6 +118,16 @@ impl MappingTable for ExtentMapping {
                 .sum::<usize>()
     }
 
+    fn compacted_bytes(&self) -> usize {
+        self.first_lpn.len() * 4
+            + self.chunks.len() * std::mem::size_of::<Vec<Extent>>()
+            + self
+                .chunks
+                .iter()
+                .map(|c| c.len() * std::mem::size_of::<Extent>())
+                .sum::<usize>()
+    }
+
     fn compact(&mut self) {
         self.first_lpn.shrink_to_fit();
         self.chunks.shrink_to_fit();

@@ -936,6 +936,14 @@ impl MappingTable for LearnedMapping {
         self.groups.shrink();
     }
 
+    /// A compacted copy's: merging the buffer into the copy's blobs is the only way to know
+    /// their sizes (the table is small by design, so the copy is too).
+    fn compacted_bytes(&self) -> usize {
+        let mut copy = self.clone();
+        copy.compact();
+        copy.heap_bytes()
+    }
+
     fn compressed_get_fraction(&self) -> Option<f64> {
         let gets = self.gets.get();
         (gets > 0).then(|| (gets - self.buffered_gets.get()) as f64 / gets as f64)
