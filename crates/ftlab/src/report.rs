@@ -532,15 +532,21 @@ impl Report {
                 );
             }
         }
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        // The compacted size only where it differs (a flat array has nothing to fold).
+        let compacted = if self.mapping.bytes_compacted == self.mapping.bytes {
+            String::new()
+        } else {
+            format!(", {:.1} MiB compacted", mib(self.mapping.bytes_compacted))
+        };
         let _ = writeln!(
             o,
-            "mapping    {} table {:.1} MiB, {:.1} MiB compacted ({:.2} B per live mapping, {} live); all FTL metadata {:.1} MiB",
+            "mapping    {} table {:.1} MiB{compacted} ({:.2} B per live mapping, {} live); all FTL metadata {:.1} MiB",
             self.mapping.table,
-            self.mapping.bytes as f64 / (1 << 20) as f64,
-            self.mapping.bytes_compacted as f64 / (1 << 20) as f64,
+            mib(self.mapping.bytes),
             self.mapping.bytes_per_live_mapping,
             self.mapping.live_mappings,
-            self.mapping.ftl_metadata_bytes as f64 / (1 << 20) as f64
+            mib(self.mapping.ftl_metadata_bytes)
         );
         if let Some(f) = self.mapping.compressed_get_fraction {
             let _ = writeln!(
