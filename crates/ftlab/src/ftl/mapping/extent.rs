@@ -51,6 +51,22 @@ impl ExtentMapping {
         self.chunks.iter().map(Vec::len).sum()
     }
 
+    /// Bytes of the table's vectors, counting `elements(len, capacity)` of each.
+    fn bytes_of_vecs(&self, elements: impl Fn(usize, usize) -> usize) -> usize {
+        let of = |len: usize, capacity: usize, size: usize| elements(len, capacity) * size;
+        of(self.first_lpn.len(), self.first_lpn.capacity(), 4)
+            + of(
+                self.chunks.len(),
+                self.chunks.capacity(),
+                std::mem::size_of::<Vec<Extent>>(),
+            )
+            + self
+                .chunks
+                .iter()
+                .map(|c| of(c.len(), c.capacity(), std::mem::size_of::<Extent>()))
+                .sum::<usize>()
+    }
+
     #[inline]
     fn chunk_of(&self, lpn: u32) -> usize {
         self.first_lpn
@@ -109,23 +125,12 @@ impl MappingTable for ExtentMapping {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.first_lpn.capacity() * 4
-            + self.chunks.capacity() * std::mem::size_of::<Vec<Extent>>()
-            + self
-                .chunks
-                .iter()
-                .map(|c| c.capacity() * std::mem::size_of::<Extent>())
-                .sum::<usize>()
+        self.bytes_of_vecs(|_, capacity| capacity)
     }
 
     fn compacted_bytes(&self) -> usize {
-        self.first_lpn.len() * 4
-            + self.chunks.len() * std::mem::size_of::<Vec<Extent>>()
-            + self
-                .chunks
-                .iter()
-                .map(|c| c.len() * std::mem::size_of::<Extent>())
-                .sum::<usize>()
+        // `shrink_to_fit` leaves each vector at its length.
+        self.bytes_of_vecs(|len, _| len)
     }
 
     fn compact(&mut self) {
