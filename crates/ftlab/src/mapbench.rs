@@ -814,7 +814,11 @@ pub fn run_tiled(
     let tile_lpns = ops.logical_pages;
     let logical_pages = tiles * tile_lpns;
     anyhow::ensure!(
-        tiles >= 1 && logical_pages <= 1 << 32,
+        tiles >= 1,
+        "no tile: the device holds none of the trace's {tile_lpns} LPNs"
+    );
+    anyhow::ensure!(
+        logical_pages <= 1 << 32,
         "{tiles} tiles of {tile_lpns} LPNs exceed 2^32 LPNs"
     );
     anyhow::ensure!(

@@ -146,6 +146,12 @@ fn run_tiled(
     let path = &args.traces[0];
     let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)?;
     let tiles = bytes / 4096 / ops.logical_pages;
+    anyhow::ensure!(
+        tiles >= 1,
+        "--tile-to {bytes} bytes is smaller than the trace's device ({} bytes: {})",
+        ops.logical_pages * 4096,
+        path.display()
+    );
     let mut view = crate::ProgressView::new(true);
     let result = mapbench::run_tiled(&ops, tiles, args.learned_buffer_divisor, |done| {
         view.update(ftlab::sim::Progress {
@@ -155,26 +161,25 @@ fn run_tiled(
         })
     })?;
     view.finish();
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "{} repeated {} times: {} LPNs ({:.1} TiB), {} updates in {:.1} s ({:.1} M/s)\n\
-         learned table: {:.3} GiB ({} bytes, allocator {}), {:.3} B per live mapping, {} live, lossless: {}\n\
-         flat u32 array would need {:.1} GiB, flat u64 {:.1} GiB",
+        "{} repeated {} times: {} LPNs ({}), {} updates in {:.1} s ({:.1} M/s)\n\
+         learned table: {} ({} bytes, allocator {}), {:.3} B per live mapping, {} live, lossless: {}\n\
+         flat u32 array would need {}, flat u64 {}",
         path.display(),
         result.tiles,
         result.logical_pages,
-        gib(result.device_bytes) / 1024.0,
+        binary_size(result.device_bytes),
         result.updates,
         result.seconds,
         result.set_mops,
-        gib(result.bytes),
+        binary_size(result.bytes),
         result.bytes,
         result.allocator_bytes.map_or_else(|| "-".into(), |a| a.to_string()),
         result.bytes_per_live_mapping,
         result.live_mappings,
         if result.lossless_verified { "yes" } else { "NO" },
-        gib(result.flat_u32_bytes),
-        gib(result.flat_u64_bytes),
+        binary_size(result.flat_u32_bytes),
+        binary_size(result.flat_u64_bytes),
     );
     if let Some(out) = json {
         out.write((serde_json::to_string_pretty(&result)? + "\n").as_bytes())?;
@@ -184,6 +189,22 @@ fn run_tiled(
         "the learned table did not read back every mapping"
     );
     Ok(())
+}
+
+/// `bytes` in the largest binary unit that leaves at least 1 of it (`13.5 MiB`, `16.0 TiB`).
+fn binary_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 fn parse_divisor(text: &str) -> Result<u64, String> {

@@ -211,6 +211,73 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
     assert!(!ok && stderr.contains("/nonexistent/trace.csv"), "{stderr}");
 }
 
+/// `--tile-to`: the trace's pattern repeated over a device a whole number of times its size,
+/// every mapping read back; memory grows with the tiles, not with the device.
+#[test]
+fn mapbench_tiles_a_trace_over_a_larger_device() {
+    let dir = temp_dir("cli-mapbench-tiles");
+    let json = dir.join("t.json");
+    let t = crate::support::trace("files.msr.csv.gz");
+    let t = t.to_str().unwrap();
+    let (ok, _, stderr) = ftlab(&[
+        "mapbench",
+        "--tables",
+        "learned",
+        "--repeat",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        t,
+    ]);
+    assert!(ok, "{stderr}");
+    let one: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (one_lpns, one_live) = (
+        one["logical_pages"].as_u64().unwrap(),
+        one["live_mappings"].as_u64().unwrap(),
+    );
+    let one_bytes = one["tables"][0]["bytes"].as_u64().unwrap();
+
+    // 4.5 devices' worth: four whole tiles.
+    let size = (one_lpns * 4096 * 9 / 2).to_string();
+    let (ok, stdout, stderr) = ftlab(&[
+        "mapbench",
+        "--tile-to",
+        &size,
+        "--json",
+        json.to_str().unwrap(),
+        t,
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("repeated 4 times") && stdout.contains("lossless: yes"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["tiles"], 4);
+    assert_eq!(v["logical_pages"].as_u64().unwrap(), 4 * one_lpns);
+    assert_eq!(v["live_mappings"].as_u64().unwrap(), 4 * one_live);
+    assert_eq!(v["lossless_verified"], true);
+    assert_eq!(v["flat_u32_bytes"].as_u64().unwrap(), 16 * one_lpns);
+    let bytes = v["bytes"].as_u64().unwrap();
+    assert!(
+        bytes > 2 * one_bytes && bytes < 8 * one_bytes,
+        "{bytes} vs one tile's {one_bytes}"
+    );
+
+    let (ok, _, stderr) = ftlab(&["mapbench", "--tile-to", "1M", t]);
+    assert!(
+        !ok && stderr.contains("smaller than the trace's device"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = ftlab(&["mapbench", "--tile-to", &size, "--ppns", "simulator", t]);
+    assert!(
+        !ok && stderr.contains("one trace and log-head PPNs"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn serve_refuses_an_image_it_could_not_save_before_taking_data() {
     // Otherwise the mistake would surface only at shutdown, with the clients' data in hand.
