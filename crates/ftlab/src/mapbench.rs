@@ -287,23 +287,18 @@ pub struct TableResult {
     pub vs_flat_u64: Option<Ratios>,
 }
 
-/// A table's throughputs as multiples of another's (`get`: trace-order GET).
+/// A table's throughputs as multiples of another's (`get`: trace-order GET); `None` (JSON
+/// `null`) where the phase had no operations (a trace without writes has no SET rate).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Ratios {
-    pub get: f64,
-    pub set: f64,
-    pub get_random: f64,
+    pub get: Option<f64>,
+    pub set: Option<f64>,
+    pub get_random: Option<f64>,
 }
 
 impl Ratios {
     fn of(t: &TableResult, base: &TableResult) -> Ratios {
-        let ratio = |a: f64, b: f64| {
-            if b > 0.0 {
-                crate::report::round6(a / b)
-            } else {
-                0.0
-            }
-        };
+        let ratio = |a: f64, b: f64| (a > 0.0 && b > 0.0).then(|| crate::report::round6(a / b));
         Ratios {
             get: ratio(t.get_mops, base.get_mops),
             set: ratio(t.set_mops, base.set_mops),
@@ -762,10 +757,14 @@ pub fn markdown(b: &MapBench) -> String {
         );
         for t in b.tables.iter().filter(|t| t.name != "flat-u64") {
             if let Some(r) = t.vs_flat_u64 {
+                let x = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{r:.2}x"));
                 let _ = writeln!(
                     o,
-                    "| {} | {:.2}x | {:.2}x | {:.2}x |",
-                    t.name, r.get, r.set, r.get_random
+                    "| {} | {} | {} | {} |",
+                    t.name,
+                    x(r.get),
+                    x(r.set),
+                    x(r.get_random)
                 );
             }
         }

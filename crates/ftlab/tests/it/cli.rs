@@ -205,6 +205,37 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
         "{stderr}"
     );
 
+    // A trace that only reads has no SET rate to compare: `null`, not 0.
+    let reads = dir.join("reads.csv");
+    std::fs::write(
+        &reads,
+        "128166372003061629,hm,0,Read,0,4096,100\n128166372003061630,hm,0,Read,8192,4096,100\n",
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = ftlab(&[
+        "mapbench",
+        "--tables",
+        "flat-u64,learned",
+        "--repeat",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        reads.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("| learned | ") && stdout.contains(" | - | - |"),
+        "{stdout}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ratios = &r["tables"][1]["vs_flat_u64"];
+    assert!(ratios["get"].as_f64().unwrap() > 0.0, "{ratios}");
+    assert!(
+        ratios["set"].is_null() && ratios["get_random"].is_null(),
+        "{ratios}"
+    );
+
     let (ok, _, stderr) = ftlab(&["mapbench", "--tables", "flat,btree", t.to_str().unwrap()]);
     assert!(!ok && stderr.contains("unknown table `flat`"), "{stderr}");
     let (ok, _, stderr) = ftlab(&["mapbench", "/nonexistent/trace.csv"]);
