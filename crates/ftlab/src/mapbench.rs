@@ -271,14 +271,16 @@ pub struct TableResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_bytes: Option<u64>,
     pub total_ms: f64,
-    pub get_mops: f64,
-    pub set_mops: f64,
+    /// Throughputs; `None` (JSON `null`) for a phase with no operations.
+    pub get_mops: Option<f64>,
+    pub set_mops: Option<f64>,
     /// Lookups of every live LPN in random order, after the trace-order lookups.
-    pub get_random_mops: f64,
-    pub get_p50_ns: f64,
-    pub get_p99_ns: f64,
-    pub set_p50_ns: f64,
-    pub set_p99_ns: f64,
+    pub get_random_mops: Option<f64>,
+    /// Percentiles; `None` (JSON `null`) for a phase with no operations.
+    pub get_p50_ns: Option<f64>,
+    pub get_p99_ns: Option<f64>,
+    pub set_p50_ns: Option<f64>,
+    pub set_p99_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
     pub lossless_verified: bool,
@@ -298,7 +300,10 @@ pub struct Ratios {
 
 impl Ratios {
     fn of(t: &TableResult, base: &TableResult) -> Ratios {
-        let ratio = |a: f64, b: f64| (a > 0.0 && b > 0.0).then(|| crate::report::round6(a / b));
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(crate::report::round6(a / b)),
+            _ => None,
+        };
         Ratios {
             get: ratio(t.get_mops, base.get_mops),
             set: ratio(t.set_mops, base.set_mops),
@@ -562,14 +567,10 @@ pub fn run_table<M: MappingTable>(
         ((d.saturating_sub(clock.overhead_ticks)) as f64 / clock.ticks_per_ns).max(1.0) as u64
     };
     let q = |h: &hdrhistogram::Histogram<u64>, p: f64| {
-        if h.is_empty() {
-            0.0
-        } else {
-            h.value_at_quantile(p) as f64
-        }
+        (!h.is_empty()).then(|| h.value_at_quantile(p) as f64)
     };
-    // Per pass: GET p50, GET p99, SET p50, SET p99.
-    let mut passes: Vec<[f64; 4]> = Vec::new();
+    // Per pass: GET p50, GET p99, SET p50, SET p99 (`None` for an empty phase: every pass alike).
+    let mut passes: Vec<[Option<f64>; 4]> = Vec::new();
     for _ in 0..repeat.max(1) {
         let mut table = make();
         let (mut set_h, mut get_h) = (histogram(), histogram());
@@ -593,17 +594,12 @@ pub fn run_table<M: MappingTable>(
         ]);
     }
     let median = |k: usize| {
-        let mut v: Vec<f64> = passes.iter().map(|p| p[k]).collect();
+        let mut v: Vec<f64> = passes.iter().filter_map(|p| p[k]).collect();
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        v.get(v.len() / 2).copied()
     };
-    let mops = |n: usize, s: f64| {
-        if s > 0.0 {
-            crate::report::round6(n as f64 / s / 1e6)
-        } else {
-            0.0
-        }
-    };
+    let mops =
+        |n: usize, s: f64| (n > 0 && s > 0.0).then(|| crate::report::round6(n as f64 / s / 1e6));
     TableResult {
         name,
         bytes,
@@ -727,19 +723,21 @@ pub fn markdown(b: &MapBench) -> String {
         "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"
     );
     let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let ns = |q: Option<f64>| q.map_or_else(|| "-".into(), |q| format!("{q:.0}"));
+    let rate = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{r:.1}"));
     for t in &b.tables {
         let _ = writeln!(
             o,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.3} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {:.3} | {} |",
             t.name,
             t.total_ms,
-            t.get_mops,
-            t.set_mops,
-            t.get_random_mops,
-            t.get_p50_ns,
-            t.get_p99_ns,
-            t.set_p50_ns,
-            t.set_p99_ns,
+            rate(t.get_mops),
+            rate(t.set_mops),
+            rate(t.get_random_mops),
+            ns(t.get_p50_ns),
+            ns(t.get_p99_ns),
+            ns(t.set_p50_ns),
+            ns(t.set_p99_ns),
             t.bytes,
             t.allocator_bytes
                 .map_or_else(|| "-".into(), |a| a.to_string()),

@@ -33,8 +33,7 @@ fn sim_writes_a_json_report_with_the_documented_keys() {
     ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("WAF"));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = crate::support::read_json(&json);
     for key in [
         "waf",
         "host_write_pages",
@@ -135,8 +134,7 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("| learned |"), "{stdout}");
     assert!(stdout.contains("| throughput / flat-u64's |"), "{stdout}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = crate::support::read_json(&json);
     assert!(v["live_mappings"].as_u64().unwrap() > 100_000);
     let fraction = v["compressed_get_fraction"].as_f64().unwrap();
     assert!(fraction > 0.5 && fraction <= 1.0, "{fraction}");
@@ -188,8 +186,7 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
         stdout.contains("up to 1/1 of the live mappings"),
         "{stdout}"
     );
-    let big: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let big = crate::support::read_json(&json);
     assert_eq!(big["learned_buffer_divisor"], 1);
     assert_eq!(big["tables"][0]["lossless_verified"], true);
     let big_fraction = big["compressed_get_fraction"].as_f64().unwrap();
@@ -227,14 +224,26 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
         stdout.contains("| learned | ") && stdout.contains(" | - | - |"),
         "{stdout}"
     );
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // Nor SET percentiles (printed `- / -`), where the GET phase has its own.
+    assert!(stdout.contains(" | - / - | "), "{stdout}");
+    let r = crate::support::read_json(&json);
     let ratios = &r["tables"][1]["vs_flat_u64"];
     assert!(ratios["get"].as_f64().unwrap() > 0.0, "{ratios}");
     assert!(
         ratios["set"].is_null() && ratios["get_random"].is_null(),
         "{ratios}"
     );
+    for t in r["tables"].as_array().unwrap() {
+        assert!(
+            t["set_mops"].is_null() && t["get_mops"].as_f64().unwrap() > 0.0,
+            "{t}"
+        );
+        assert!(
+            t["set_p50_ns"].is_null() && t["set_p99_ns"].is_null(),
+            "{t}"
+        );
+        assert!(t["get_p99_ns"].as_f64().unwrap() >= 1.0, "{t}");
+    }
 
     let (ok, _, stderr) = ftlab(&["mapbench", "--tables", "flat,btree", t.to_str().unwrap()]);
     assert!(!ok && stderr.contains("unknown table `flat`"), "{stderr}");
@@ -261,8 +270,7 @@ fn mapbench_tiles_a_trace_over_a_larger_device() {
         t,
     ]);
     assert!(ok, "{stderr}");
-    let one: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let one = crate::support::read_json(&json);
     let (one_lpns, one_live) = (
         one["logical_pages"].as_u64().unwrap(),
         one["live_mappings"].as_u64().unwrap(),
@@ -284,8 +292,7 @@ fn mapbench_tiles_a_trace_over_a_larger_device() {
         stdout.contains("repeated 4 times") && stdout.contains("lossless: yes"),
         "{stdout}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = crate::support::read_json(&json);
     assert_eq!(v["tiles"], 4);
     assert_eq!(v["logical_pages"].as_u64().unwrap(), 4 * one_lpns);
     assert_eq!(v["live_mappings"].as_u64().unwrap(), 4 * one_live);
@@ -620,8 +627,7 @@ fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
         old.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&old).unwrap()).unwrap();
+    let report = crate::support::read_json(&old);
     assert_eq!(report["host_write_pages"], 1);
 }
 

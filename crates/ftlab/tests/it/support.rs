@@ -22,6 +22,13 @@ pub fn trace(name: &str) -> PathBuf {
     shared().join("traces").join(name)
 }
 
+/// A JSON file a command wrote (a report, `mapbench --json`, the server's statistics).
+pub fn read_json(path: impl AsRef<Path>) -> serde_json::Value {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A directory for one test, removed when the test ends. Every run once left its directories
 /// behind (a 512 MiB nbdcopy image each time) until the disk filled; now a directory stays only
 /// when its test fails, and its path is printed for the post-mortem.

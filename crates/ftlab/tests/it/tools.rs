@@ -142,8 +142,7 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
     let summary = server.stop();
     assert!(summary.contains("WAF"), "{summary}");
     // The server's own statistics against a replay of what it recorded.
-    let live: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let live = crate::support::read_json(&stats);
     assert!(
         live["gc_write_pages"].as_u64().unwrap() > 0,
         "GC ran: {live}"
@@ -155,8 +154,7 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
         .args(device)
         .args(["--json"])
         .arg(dir.join("replay.json")));
-    let replayed: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("replay.json")).unwrap()).unwrap();
+    let replayed = crate::support::read_json(dir.join("replay.json"));
     for key in [
         "host_write_pages",
         "nand_write_pages",
