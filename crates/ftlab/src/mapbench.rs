@@ -723,21 +723,23 @@ pub fn markdown(b: &MapBench) -> String {
         "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"
     );
     let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-    let ns = |q: Option<f64>| q.map_or_else(|| "-".into(), |q| format!("{q:.0}"));
-    let rate = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{r:.1}"));
+    // A figure to `digits` decimals and `unit`, or `-` where its phase had no operations.
+    let cell = |v: Option<f64>, digits: usize, unit: &str| {
+        v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}{unit}"))
+    };
     for t in &b.tables {
         let _ = writeln!(
             o,
             "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {:.3} | {} |",
             t.name,
             t.total_ms,
-            rate(t.get_mops),
-            rate(t.set_mops),
-            rate(t.get_random_mops),
-            ns(t.get_p50_ns),
-            ns(t.get_p99_ns),
-            ns(t.set_p50_ns),
-            ns(t.set_p99_ns),
+            cell(t.get_mops, 1, ""),
+            cell(t.set_mops, 1, ""),
+            cell(t.get_random_mops, 1, ""),
+            cell(t.get_p50_ns, 0, ""),
+            cell(t.get_p99_ns, 0, ""),
+            cell(t.set_p50_ns, 0, ""),
+            cell(t.set_p99_ns, 0, ""),
             t.bytes,
             t.allocator_bytes
                 .map_or_else(|| "-".into(), |a| a.to_string()),
@@ -755,14 +757,13 @@ pub fn markdown(b: &MapBench) -> String {
         );
         for t in b.tables.iter().filter(|t| t.name != "flat-u64") {
             if let Some(r) = t.vs_flat_u64 {
-                let x = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{r:.2}x"));
                 let _ = writeln!(
                     o,
                     "| {} | {} | {} | {} |",
                     t.name,
-                    x(r.get),
-                    x(r.set),
-                    x(r.get_random)
+                    cell(r.get, 2, "x"),
+                    cell(r.set, 2, "x"),
+                    cell(r.get_random, 2, "x")
                 );
             }
         }
