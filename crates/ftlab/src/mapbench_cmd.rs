@@ -39,8 +39,9 @@ pub struct MapbenchArgs {
     /// and report its memory; flat arrays of that size are only computed.
     #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
     tile_to: Option<u64>,
-    /// Throughput is the fastest of this many runs, each on a fresh table; latency quantiles
-    /// are the median over as many timed passes.
+    /// Throughput is the fastest of this many runs, each on a fresh table (in each run the
+    /// lookup phases are timed three times over); latency quantiles are the median over as many
+    /// timed passes.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
     /// The learned table's update buffer may hold one in N live mappings (N a power of two up
