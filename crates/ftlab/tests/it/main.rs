@@ -3,6 +3,7 @@
 mod cli;
 mod config_errors;
 mod determinism;
+mod docs;
 mod invariants;
 mod mapping;
 mod readme;

@@ -629,6 +629,7 @@ fn the_server_models_the_configured_mapping_table() {
     assert!(stats["mapping"]["compressed_get_fraction"]
         .as_f64()
         .is_some());
+    crate::docs::assert_serve_stats_documented(&stats);
 }
 
 #[test]

@@ -1,0 +1,261 @@
+//! The reference docs against the program: every key the program writes is documented, and every
+//! documented key exists, so that docs/config.md, docs/report-schema.md and the `--json` example in
+//! docs/mapping.md cannot drift from the code unnoticed.
+
+use crate::support::{read_json, temp_dir};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn doc(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn ftlab(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The lines after the first line that begins with `heading`, up to the next heading.
+fn section<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let start = doc
+        .split_inclusive('\n')
+        .scan(0, |at, line| {
+            let begins = *at;
+            *at += line.len();
+            Some((begins, line))
+        })
+        .find(|(_, line)| line.starts_with(heading))
+        .map(|(at, line)| at + line.len())
+        .unwrap_or_else(|| panic!("no heading `{heading}`"));
+    let end = doc[start..].find("\n#").map_or(doc.len(), |e| start + e);
+    &doc[start..end]
+}
+
+/// The names in backticks in `text`.
+fn backticked(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// A section's table rows: the keys named in the first cell, and the rest of the row.
+fn rows(section: &str) -> Vec<(Vec<&str>, &str)> {
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let (first, rest) = l[1..].split_once('|').expect("a table row");
+            (backticked(first), rest)
+        })
+        .collect()
+}
+
+/// Every key of `value`'s objects, at any depth (through arrays too).
+fn nested_keys(value: &Value, out: &mut BTreeSet<String>) {
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                out.insert(k.clone());
+                nested_keys(v, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| nested_keys(v, out)),
+        _ => {}
+    }
+}
+
+/// `object`'s keys are exactly the keys the table in `section` names; an object value's own
+/// keys, at any depth, are each named in backticks in its row (but those of `elsewhere`, whose
+/// rows point to another document).
+fn assert_documented(object: &Value, section: &str, what: &str, elsewhere: &[&str]) {
+    let rows = rows(section);
+    let documented: BTreeSet<&str> = rows.iter().flat_map(|(k, _)| k.iter().copied()).collect();
+    let written: BTreeSet<&str> = object
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        written.difference(&documented).collect::<Vec<_>>(),
+        Vec::<&&str>::new(),
+        "{what}: written but not documented"
+    );
+    assert_eq!(
+        documented.difference(&written).collect::<Vec<_>>(),
+        Vec::<&&str>::new(),
+        "{what}: documented but not written"
+    );
+    for (keys, meaning) in &rows {
+        for key in keys.iter().filter(|k| !elsewhere.contains(k)) {
+            let mut inner = BTreeSet::new();
+            nested_keys(&object[*key], &mut inner);
+            let named: BTreeSet<&str> = backticked(meaning).into_iter().collect();
+            for k in &inner {
+                assert!(
+                    named.contains(k.as_str()),
+                    "{what}: `{key}` holds `{k}`, which its row does not name"
+                );
+            }
+        }
+    }
+}
+
+/// Values for documented keys that no preset prints (the alternatives, and the trace's own).
+const NOT_IN_PRESETS: [(&str, &str); 5] = [
+    ("capacity.over_provisioning", "0.25"),
+    ("capacity.spare_factor", "0.2"),
+    ("workload.overwrites", "1.0"),
+    ("workload.trace", "\"x.csv\""),
+    ("workload.format", "\"msr\""),
+];
+
+#[test]
+fn the_config_reference_names_every_key_and_only_keys_that_exist() {
+    let reference = doc("config.md");
+    let mut printed = std::collections::BTreeMap::new();
+    for preset in ["femu", "hexa", "validation-uniform"] {
+        let (ok, stdout, stderr) = ftlab(&["config", "--preset", preset]);
+        assert!(ok, "{stderr}");
+        let config: toml::Table = stdout.parse().expect("`ftlab config` prints TOML");
+        for (table, keys) in &config {
+            let documented = rows(section(&reference, &format!("## `[{table}]`")))
+                .into_iter()
+                .flat_map(|(k, _)| k)
+                .collect::<BTreeSet<_>>();
+            for (key, value) in keys.as_table().expect("a table per section") {
+                assert!(
+                    documented.contains(key.as_str()),
+                    "`{table}.{key}` (preset {preset}) is not in docs/config.md"
+                );
+                printed
+                    .entry(format!("{table}.{key}"))
+                    .or_insert_with(|| value.to_string());
+            }
+        }
+    }
+    // Each documented key is one the configuration takes (an unknown key is an error).
+    let tables: Vec<&str> = reference
+        .lines()
+        .filter_map(|l| l.strip_prefix("## `[")?.split_once("]`").map(|(t, _)| t))
+        .collect();
+    assert_eq!(
+        tables,
+        ["flash", "capacity", "ftl", "workload", "report"],
+        "the sections of docs/config.md"
+    );
+    for table in tables {
+        for (keys, _) in rows(section(&reference, &format!("## `[{table}]`"))) {
+            for key in keys {
+                let name = format!("{table}.{key}");
+                let value = printed.get(&name).cloned().unwrap_or_else(|| {
+                    let (_, v) = NOT_IN_PRESETS
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .unwrap_or_else(|| panic!("no value to try for documented `{name}`"));
+                    v.to_string()
+                });
+                let (ok, _, stderr) = ftlab(&["config", "--set", &format!("{name}={value}")]);
+                assert!(ok, "documented `{name}` = {value}: {stderr}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_report_schema_names_every_key_of_a_replays_report() {
+    let dir = temp_dir("docs-report");
+    // A replay (so the report has its `trace` object) with reads, writes, trims and a flush.
+    let trace = dir.join("t.nbdlog");
+    std::fs::write(
+        &trace,
+        "2026-11-21 23:08:11.750000 connection=1 Write id=1 offset=0x0 count=0x10000 fua=0 ...\n\
+         2026-11-21 23:08:11.750100 connection=1 ...Write id=1 return=0\n\
+         2026-11-21 23:08:11.751000 connection=1 Read id=2 offset=0x2000 count=0x4000 ...\n\
+         2026-11-21 23:08:11.751100 connection=1 ...Read id=2 return=0\n\
+         2026-11-21 23:08:11.752000 connection=1 Trim id=3 offset=0x8000 count=0x8000 fua=0 ...\n\
+         2026-11-21 23:08:11.752100 connection=1 ...Trim id=3 return=0\n\
+         2026-11-21 23:08:11.753000 connection=1 Flush id=4 ...\n\
+         2026-11-21 23:08:11.753100 connection=1 ...Flush id=4 return=0\n",
+    )
+    .unwrap();
+    let json = dir.join("r.json");
+    let (ok, _, stderr) = ftlab(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--set",
+        "ftl.mapping=\"learned\"",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let report = read_json(&json);
+    assert!(report["trace"].is_object(), "{report}");
+    let schema = doc("report-schema.md");
+    let top = section(&schema, "# JSON report schema");
+    // `config` is docs/config.md's, checked above.
+    assert_documented(&report, top, "ftlab sim --json", &["config"]);
+}
+
+/// `ftlab serve --stats`: `stats` (a device's `stats_json()`) has the keys docs/report-schema.md
+/// lists for it. `store` is docs/store.md's, `config` docs/config.md's.
+pub fn assert_serve_stats_documented(stats: &Value) {
+    let schema = doc("report-schema.md");
+    let table = section(&schema, "## `ftlab serve --stats FILE`");
+    assert_documented(stats, table, "ftlab serve --stats", &["store", "config"]);
+}
+
+#[test]
+fn the_mapbench_json_example_has_the_keys_mapbench_writes() {
+    let dir = temp_dir("docs-mapbench");
+    let json = dir.join("m.json");
+    let t = crate::support::trace("files.msr.csv.gz");
+    let (ok, _, stderr) = ftlab(&[
+        "mapbench",
+        "--ppns",
+        "simulator",
+        "--tables",
+        "flat-u64,learned",
+        "--repeat",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        t.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let written = read_json(&json);
+    let mapping = doc("mapping.md");
+    let example = mapping
+        .split("`--json FILE` writes")
+        .nth(1)
+        .and_then(|s| s.split("```json\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("docs/mapping.md has the --json example");
+    let example: Value = serde_json::from_str(example).expect("the example is JSON");
+    let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(keys(&example), keys(&written), "top level");
+    assert_eq!(
+        keys(&example["simulator"]),
+        keys(&written["simulator"]),
+        "simulator"
+    );
+    let learned = &written["tables"][1];
+    assert_eq!(learned["name"], "learned");
+    assert_eq!(keys(&example["tables"][0]), keys(learned), "a table");
+    assert_eq!(
+        keys(&example["tables"][0]["vs_flat_u64"]),
+        keys(&learned["vs_flat_u64"]),
+        "vs_flat_u64"
+    );
+}
