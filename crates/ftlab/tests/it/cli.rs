@@ -1,19 +1,7 @@
 //! The binary as users run it.
 
-use crate::support::temp_dir;
+use crate::support::{ftlab, temp_dir};
 use std::process::Command;
-
-fn ftlab(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn sim_writes_a_json_report_with_the_documented_keys() {

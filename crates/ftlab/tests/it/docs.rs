@@ -2,29 +2,16 @@
 //! documented key exists, so that docs/config.md, docs/report-schema.md and the `--json` example in
 //! docs/mapping.md cannot drift from the code unnoticed.
 
-use crate::support::{read_json, temp_dir};
+use crate::support::{ftlab, read_json, temp_dir};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::Command;
 
 fn doc(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../docs")
         .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn ftlab(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The lines after the first line that begins with `heading`, up to the next heading.

@@ -22,6 +22,19 @@ pub fn trace(name: &str) -> PathBuf {
     shared().join("traces").join(name)
 }
 
+/// Runs the ftlab binary: (success, stdout, stderr).
+pub fn ftlab(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A JSON file a command wrote (a report, `mapbench --json`, the server's statistics).
 pub fn read_json(path: impl AsRef<Path>) -> serde_json::Value {
     let path = path.as_ref();
