@@ -1,6 +1,6 @@
 //! The reference docs against the program: every key the program writes is documented, and every
-//! documented key exists, so that docs/config.md, docs/report-schema.md and the `--json` example in
-//! docs/mapping.md cannot drift from the code unnoticed.
+//! documented key exists, so that docs/config.md, docs/report-schema.md, the `--json` example in
+//! docs/mapping.md and the README's table of `serve` flags cannot drift from the code unnoticed.
 
 use crate::support::{ftlab, read_json, temp_dir};
 use serde_json::Value;
@@ -244,5 +244,46 @@ fn the_mapbench_json_example_has_the_keys_mapbench_writes() {
         keys(&example["tables"][0]["vs_flat_u64"]),
         keys(&learned["vs_flat_u64"]),
         "vs_flat_u64"
+    );
+}
+
+#[test]
+fn the_readme_documents_every_flag_of_serve() {
+    let (ok, help, stderr) = ftlab(&["serve", "--help"]);
+    assert!(ok, "{stderr}");
+    let in_help: BTreeSet<&str> = help
+        .lines()
+        .filter_map(|l| {
+            l.trim_start()
+                .trim_start_matches("-h, ")
+                .split_whitespace()
+                .next()
+        })
+        .filter(|w| w.starts_with("--"))
+        .collect();
+    assert!(in_help.contains("--listen"), "{help}");
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let in_readme: BTreeSet<&str> = rows(section(&readme, "## Run real software"))
+        .into_iter()
+        .flat_map(|(names, _)| names)
+        .filter_map(|n| n.split_whitespace().next())
+        .filter(|w| w.starts_with("--"))
+        .collect();
+    // The configuration flags are the simulator's, described with it.
+    let shared = ["--help", "--preset", "--config", "--set"];
+    let undocumented: Vec<_> = in_help
+        .iter()
+        .filter(|f| !in_readme.contains(*f) && !shared.contains(f))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in the README's serve table: {undocumented:?}"
+    );
+    let unknown: Vec<_> = in_readme.difference(&in_help).collect();
+    assert!(
+        unknown.is_empty(),
+        "in the README but not `ftlab serve --help`: {unknown:?}"
     );
 }
