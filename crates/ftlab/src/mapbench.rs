@@ -464,10 +464,10 @@ fn apply<M: MappingTable>(table: &mut M, (lpn, v): (u32, u32)) -> Option<u32> {
     }
 }
 
-/// Times each lookup phase takes over in a round, on the same table (the fastest counts). A
-/// lookup pass over one of the shipped traces lasts a fraction of a millisecond, and a single
-/// pass's time moved 2x from one round to the next on the project's shared VM, most of all the
-/// flat array's; lookups change no mapping, so later passes measure the same work.
+/// Times each lookup phase takes over in a round, on the same table (the fastest counts). The
+/// flat array's pass over one of the shipped traces lasts under a millisecond, and its time moved
+/// 2x from one round to the next on the project's shared VM; lookups change no mapping, so later
+/// passes measure the same work.
 pub const LOOKUP_PASSES: usize = 3;
 
 /// Seconds for the update phase, the trace-order lookups and the random lookups (each the
