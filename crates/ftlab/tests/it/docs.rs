@@ -196,11 +196,15 @@ fn the_report_schema_names_every_key_of_a_replays_report() {
 }
 
 /// `ftlab serve --stats`: `stats` (a device's `stats_json()`) has the keys docs/report-schema.md
-/// lists for it. `store` is docs/store.md's, `config` docs/config.md's.
+/// lists for it, and its `store` the fields of docs/store.md's statistics table (`config` is
+/// docs/config.md's, checked above).
 pub fn assert_serve_stats_documented(stats: &Value) {
     let schema = doc("report-schema.md");
     let table = section(&schema, "## `ftlab serve --stats FILE`");
     assert_documented(stats, table, "ftlab serve --stats", &["store", "config"]);
+    let store = doc("store.md");
+    let fields = section(&store, "## Statistics (`stats()`)");
+    assert_documented(&stats["store"], fields, "the store's stats()", &[]);
 }
 
 #[test]
