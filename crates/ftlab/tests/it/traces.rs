@@ -189,6 +189,20 @@ fn the_pgbench_trace_gives_one_waf_in_every_format() {
         assert_eq!(other.host_trim_pages, a.host_trim_pages);
         assert_eq!(other.waf, a.waf);
     }
+    // `ftlab mapbench` takes the same update and lookup streams from every form.
+    let ops = |path: &Path| {
+        ftlab::mapbench::ops_from_trace(path, None, None, ftlab::mapbench::PpnSource::LogHead)
+            .expect("the trace reads")
+    };
+    let want = ops(&nbd_path);
+    assert!(want.updates.len() > 1_000_000 && want.gets.len() > 1_000_000);
+    for path in [&blk, &fio] {
+        let got = ops(path);
+        assert_eq!(got.logical_pages, want.logical_pages);
+        assert!(got.updates == want.updates, "{}: updates", path.display());
+        assert!(got.gets == want.gets, "{}: lookups", path.display());
+        assert!(got.random_gets == want.random_gets, "{}", path.display());
+    }
 }
 
 #[test]
