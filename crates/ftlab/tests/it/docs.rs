@@ -7,10 +7,11 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-fn doc(name: &str) -> String {
+/// A file of the project's documentation, by its path from the project root.
+fn doc(path: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../docs")
-        .join(name);
+        .join("../..")
+        .join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -109,7 +110,7 @@ const NOT_IN_PRESETS: [(&str, &str); 5] = [
 
 #[test]
 fn the_config_reference_names_every_key_and_only_keys_that_exist() {
-    let reference = doc("config.md");
+    let reference = doc("docs/config.md");
     let mut printed = std::collections::BTreeMap::new();
     for preset in ["femu", "hexa", "validation-uniform"] {
         let (ok, stdout, stderr) = ftlab(&["config", "--preset", preset]);
@@ -189,7 +190,7 @@ fn the_report_schema_names_every_key_of_a_replays_report() {
     assert!(ok, "{stderr}");
     let report = read_json(&json);
     assert!(report["trace"].is_object(), "{report}");
-    let schema = doc("report-schema.md");
+    let schema = doc("docs/report-schema.md");
     let top = section(&schema, "# JSON report schema");
     // `config` is docs/config.md's, checked above.
     assert_documented(&report, top, "ftlab sim --json", &["config"]);
@@ -199,10 +200,10 @@ fn the_report_schema_names_every_key_of_a_replays_report() {
 /// lists for it, and its `store` the fields of docs/store.md's statistics table (`config` is
 /// docs/config.md's, checked above).
 pub fn assert_serve_stats_documented(stats: &Value) {
-    let schema = doc("report-schema.md");
+    let schema = doc("docs/report-schema.md");
     let table = section(&schema, "## `ftlab serve --stats FILE`");
     assert_documented(stats, table, "ftlab serve --stats", &["store", "config"]);
-    let store = doc("store.md");
+    let store = doc("docs/store.md");
     let fields = section(&store, "## Statistics (`stats()`)");
     assert_documented(&stats["store"], fields, "the store's stats()", &[]);
 }
@@ -226,7 +227,7 @@ fn the_mapbench_json_example_has_the_keys_mapbench_writes() {
     ]);
     assert!(ok, "{stderr}");
     let written = read_json(&json);
-    let mapping = doc("mapping.md");
+    let mapping = doc("docs/mapping.md");
     let example = mapping
         .split("`--json FILE` writes")
         .nth(1)
@@ -266,9 +267,7 @@ fn the_readme_documents_every_flag_of_serve() {
         .filter(|w| w.starts_with("--"))
         .collect();
     assert!(in_help.contains("--listen"), "{help}");
-    let readme =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
-            .unwrap();
+    let readme = doc("README.md");
     let in_readme: BTreeSet<&str> = rows(section(&readme, "## Run real software"))
         .into_iter()
         .flat_map(|(names, _)| names)
