@@ -21,10 +21,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
     /// serve: seconds each fio job runs.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seconds: u32,
     /// serve: runs of each job per server, alternating between them; medians are reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// store: corpus directories (comma-separated).
     #[arg(

@@ -75,6 +75,10 @@ fn median(runs: &mut [(f64, f64)]) -> (f64, f64) {
 }
 
 pub fn run(machine: String, seconds: u32, repeat: u32) -> Result<()> {
+    anyhow::ensure!(
+        seconds >= 1 && repeat >= 1,
+        "bench serve needs at least one run of at least a second"
+    );
     let dir = std::env::temp_dir().join(format!("ftlab-bench-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // The sockets go whether the run finished or failed.
@@ -138,7 +142,7 @@ fn run_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<()> 
         // under the same drift, and each ratio compares neighbours in time.
         let (mut ftlab, mut nbdkit, mut null) = (Vec::new(), Vec::new(), Vec::new());
         let mut ratios = Vec::new();
-        for _ in 0..repeat.max(1) {
+        for _ in 0..repeat {
             let f = fio(&ftlab_uri, rw, bs, qd, size, seconds)?;
             let n = fio(&nbdkit_uri, rw, bs, qd, size, seconds)?;
             null.push(fio(&null_uri, rw, bs, qd, size, seconds)?);

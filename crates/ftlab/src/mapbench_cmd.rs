@@ -42,7 +42,7 @@ pub struct MapbenchArgs {
     /// Throughput is the fastest of this many runs, each on a fresh table (in each run the
     /// lookup phases are timed three times over); latency quantiles are the median over as many
     /// timed passes.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// The learned table's update buffer may hold one in N live mappings (N a power of two up
     /// to 2^20; whatever N, at least 256 and at most 2^20 LPNs). A smaller N means fewer merges

@@ -235,6 +235,9 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
 
     let (ok, _, stderr) = ftlab(&["mapbench", "--tables", "flat,btree", t.to_str().unwrap()]);
     assert!(!ok && stderr.contains("unknown table `flat`"), "{stderr}");
+    // No run at all would have no throughput to report (it used to run once regardless).
+    let (ok, _, stderr) = ftlab(&["mapbench", "--repeat", "0", t.to_str().unwrap()]);
+    assert!(!ok && stderr.contains("'--repeat <REPEAT>'"), "{stderr}");
     let (ok, _, stderr) = ftlab(&["mapbench", "/nonexistent/trace.csv"]);
     assert!(!ok && stderr.contains("/nonexistent/trace.csv"), "{stderr}");
 }
