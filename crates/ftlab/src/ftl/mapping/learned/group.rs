@@ -1114,8 +1114,9 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     s.outliers = (outlier_runs, outlier_pages);
     let needs_points = (live as usize) < 64 * s.best.len();
     // The points (PPNs by rank) are made lazily: the probes below need the first
-    // `CONE_PROBE_POINTS`, and only a fit that is really tried needs all of them (making all of a
-    // full group's 4096 and fitting the single segments over them was most of a merge on files).
+    // `CONE_PROBE_POINTS`, and only a full cone fit that is really tried, or the residuals of the
+    // segments taken, need all of them (making all of a full group's 4096 and fitting the single
+    // segments over them was most of a merge on files; those now come from the runs' ends).
     let all = live as usize;
     if needs_points {
         points(&s.runs, CONE_PROBE_POINTS.min(all), &mut s.ys);
@@ -1147,13 +1148,16 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
         for trial in 0..CANDIDATES {
             match trial {
                 0 | 1 if best_bytes <= single_floor => continue,
-                0 => {
-                    points(&s.runs, all, &mut s.ys);
-                    fit::fit_single(&s.ys, 0, &mut s.trial)
-                }
+                // The single segments come from the runs' ends, not from the points.
+                0 => fit::fit_single_runs(run_points(&s.runs), 0, &mut s.trial),
                 1 => {
-                    points(&s.runs, all, &mut s.ys);
-                    fit::fit_single(&s.ys, fit::endpoint_slope(&s.ys), &mut s.trial)
+                    let (first, last) = (s.runs[0], s.runs[s.runs.len() - 1]);
+                    let last_ppn = last.2 + u32::from(last.1) - 1;
+                    let slope = match all {
+                        1 => 0,
+                        n => fit::line_slope(first.2, last_ppn, n),
+                    };
+                    fit::fit_single_runs(run_points(&s.runs), slope, &mut s.trial)
                 }
                 _ => {
                     // The cone fit costs several passes; first see whether it pays on a prefix,
@@ -1257,13 +1261,12 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     }
     w.finish();
     debug_assert_eq!(res_off, l.residual_bits);
+    // Residuals need every point; a single segment fitted from the runs' ends has not made them.
+    if s.best.iter().any(|seg| seg.width > 0) {
+        points(&s.runs, all, &mut s.ys);
+    }
     let mut w = BitWriter::new(out);
     for seg in s.best.iter().filter(|seg| seg.width > 0) {
-        debug_assert_eq!(
-            s.ys.len(),
-            live as usize,
-            "every fit with residuals had all points"
-        );
         let width = u32::from(seg.width);
         for dx in 0..seg.len {
             let y = i64::from(s.ys[(seg.first + dx) as usize]);
@@ -1281,6 +1284,11 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
 fn words_cap(smallest: usize, live: u32) -> usize {
     (smallest * WORDS_MAX_GROWTH.0 / WORDS_MAX_GROWTH.1)
         .min(4 * live as usize + WORST_CASE_GROUP_BYTES)
+}
+
+/// The runs as `fit::fit_single_runs` takes them: (length, first PPN).
+fn run_points(runs: &[GroupRun]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    runs.iter().map(|&(_, len, ppn)| (u32::from(len), ppn))
 }
 
 /// The PPNs of the first `n` ranks of `runs` (`n` at most their count), into `ys`; nothing to
