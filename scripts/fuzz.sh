@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 seconds=${1:-60}
+# Without cargo-fuzz every run below would fail inside the filter and the script would pass
+# having fuzzed nothing.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "fuzz.sh: cargo-fuzz is not installed (cargo install cargo-fuzz)" >&2
+  exit 2
+fi
 shared=../../shared
 mkdir -p corpus/parse_msr corpus/parse_nbdkit corpus/parse_disksim corpus/parse_blkparse corpus/parse_fio
 head -50 "$shared/traces/msr-hm0-sample.csv" > corpus/parse_msr/seed
@@ -14,11 +20,25 @@ printf 'fio version 3 iolog\n0 /dev/x add\n878 /dev/x write 0 16384\n9 /dev/x sy
 mkdir -p corpus/nbd_connection
 # A client greeting: flags, then NBD_OPT_GO for "ftlab" (the fuzzer mutates from here).
 printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00' > corpus/nbd_connection/seed
+failed=()
 for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_connection mapping_tables group_encodings; do
   echo "== $t (${seconds}s)"
   # nbd_connection starts worker threads per input; libFuzzer's leak check can catch a joined
   # thread still in its TLS destructors and report std's own thread handle (see README), and
   # the exit-time check reports the buffers of rayon's pool threads, which live until exit.
   leaks=1; [ "$t" = nbd_connection ] && leaks=0
-  ASAN_OPTIONS=detect_leaks=$leaks RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" -- -max_total_time="$seconds" -detect_leaks="$leaks" 2>&1 | grep -E '^Done|panicked|ERROR|SUMMARY' || true
+  # The full output is kept: a crash's reproducer path and stack are in it.
+  log="target/fuzz-$t.log"
+  mkdir -p target
+  if ! ASAN_OPTIONS=detect_leaks=$leaks RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" -- -max_total_time="$seconds" -detect_leaks="$leaks" > "$log" 2>&1; then
+    grep -E 'panicked|ERROR|SUMMARY|artifact' "$log" || tail -20 "$log"
+    echo "fuzz.sh: $t failed; full output in fuzz/$log" >&2
+    failed+=("$t")
+    continue
+  fi
+  grep -E '^Done' "$log"
 done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi
