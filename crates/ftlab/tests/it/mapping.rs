@@ -237,6 +237,26 @@ fn random_overwrites_of_reused_ppns_go_in_place_and_read_back() {
     );
 }
 
+/// GC moves on a log with FIFO cleaning and reused PPNs (`oracle::check_fifo_cleaning`): most
+/// are of pages written before their groups' deltas were made, which the table answers without
+/// searching its buffer (`moves_known_unbuffered`; debug builds check each such answer against
+/// the search), and every mapping matches a HashMap.
+#[test]
+fn gc_moves_of_old_pages_skip_the_buffer_search_and_read_back() {
+    const N: u32 = 1 << 15;
+    // A buffer of 64 LPNs: merges often enough that a slot's pages are cleaned after their
+    // groups' next merges (most of these overwrites go into the blobs in place).
+    let mut t = LearnedMapping::with_buffer(u64::from(N), 64).buffer_live_divisor(1 << 20);
+    let moves = oracle::check_fifo_cleaning(&mut t, N, N + N / 4, 400_000, 11, |_, _| {});
+    let skipped = t.stats().moves_known_unbuffered;
+    eprintln!("{skipped} of {moves} moves skipped the search");
+    assert!(moves > 100_000, "{moves} moves");
+    assert!(
+        skipped * 2 > moves,
+        "{skipped} of {moves} moves skipped the search"
+    );
+}
+
 #[test]
 fn a_sequential_fill_costs_almost_nothing() {
     let mut t = LearnedMapping::new(1 << 20);

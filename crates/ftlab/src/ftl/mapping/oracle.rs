@@ -117,6 +117,66 @@ pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64, lea
     );
 }
 
+/// A log-structured device with FIFO cleaning, against a HashMap: `steps` host writes (a fill of
+/// `lpns` LPNs, then random overwrites) take the next of `slots` physical pages in a ring (so
+/// PPNs are reused), and before the head comes within an eighth of the ring of the oldest slot,
+/// the valid pages there move to the head through `relocate`, as GC moves them. Every old PPN
+/// `set` returns and, at the end, every mapping before and after `compact` must match.
+/// `before_step(table, step)` runs before each host write. Returns the number of moves.
+pub fn check_fifo_cleaning<M: MappingTable>(
+    table: &mut M,
+    lpns: u32,
+    slots: u32,
+    steps: u32,
+    seed: u64,
+    mut before_step: impl FnMut(&mut M, u32),
+) -> u64 {
+    assert!(
+        slots > lpns + lpns / 8,
+        "the ring must hold every LPN and an eighth spare"
+    );
+    let mut rng = crate::rng::SplitMix64::new(seed);
+    let mut oracle: HashMap<u32, u32> = HashMap::new();
+    // Slot -> the LPN last written there (valid while that LPN still maps to the slot).
+    let mut owner = vec![u32::MAX; slots as usize];
+    let (mut head, mut tail, mut moves) = (0u64, 0u64, 0u64);
+    let slot = |i: u64| (i % u64::from(slots)) as u32;
+    for step in 0..steps {
+        while head - tail >= u64::from(slots - slots / 8) {
+            let from = slot(tail);
+            tail += 1;
+            let lpn = owner[from as usize];
+            if lpn != u32::MAX && oracle.get(&lpn) == Some(&from) {
+                let to = slot(head);
+                head += 1;
+                table.relocate(lpn, from, to);
+                oracle.insert(lpn, to);
+                owner[to as usize] = lpn;
+                moves += 1;
+            }
+        }
+        before_step(table, step);
+        let lpn = if step < lpns {
+            step
+        } else {
+            rng.bounded(u64::from(lpns)) as u32
+        };
+        let ppn = slot(head);
+        head += 1;
+        assert_eq!(table.set(lpn, ppn), oracle.insert(lpn, ppn), "lpn {lpn}");
+        owner[ppn as usize] = lpn;
+    }
+    for lpn in 0..lpns {
+        assert_eq!(table.get(lpn), oracle.get(&lpn).copied(), "lpn {lpn}");
+    }
+    table.compact();
+    for lpn in 0..lpns {
+        let want = oracle.get(&lpn).copied();
+        assert_eq!(table.get(lpn), want, "lpn {lpn} after compact");
+    }
+    moves
+}
+
 /// Decodes fuzzer bytes into one group's mappings and updates to try in place: the first half
 /// of `ops_from_bytes`' operations over one group laid into a dense array (one PPN or
 /// `group::UNMAPPED` per offset), the second half's writes as (offset, PPN) updates.
