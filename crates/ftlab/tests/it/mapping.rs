@@ -249,12 +249,61 @@ fn gc_moves_of_old_pages_skip_the_buffer_search_and_read_back() {
     let mut t = LearnedMapping::with_buffer(u64::from(N), 64).buffer_live_divisor(1 << 20);
     let moves = oracle::check_fifo_cleaning(&mut t, N, N + N / 4, 400_000, 11, |_, _| {});
     let skipped = t.stats().moves_known_unbuffered;
-    eprintln!("{skipped} of {moves} moves skipped the search");
+    let settled = t.stats().runs_moved_in_place;
+    eprintln!(
+        "{skipped} of {moves} moves skipped the search; {settled} buffered runs went in place"
+    );
     assert!(moves > 100_000, "{moves} moves");
     assert!(
         skipped * 2 > moves,
         "{skipped} of {moves} moves skipped the search"
     );
+}
+
+/// A run of a bitmap-word blob rewritten whole (as GC moves it, or a host rewrites it) goes into
+/// the blob in place once the stream ends, with no merge; a run rewritten in part stays in the
+/// buffer. Every mapping reads back.
+#[test]
+fn a_whole_run_rewritten_goes_into_its_blob_in_place() {
+    // One group: runs of three pages with a hole after each, PPNs scattered (bitmap words).
+    let mut rng = ftlab::rng::SplitMix64::new(5);
+    let mut t = LearnedMapping::new(GROUP_LPNS as u64);
+    let mut oracle = std::collections::HashMap::new();
+    let mut set = |t: &mut LearnedMapping, lpn: u32, ppn: u32| {
+        assert_eq!(t.set(lpn, ppn), oracle.insert(lpn, ppn), "lpn {lpn}");
+    };
+    let mut first_ppn = Vec::new();
+    for run in 0..GROUP_LPNS as u32 / 4 {
+        let ppn = 8 * rng.bounded(1 << 20) as u32;
+        first_ppn.push(ppn);
+        for k in 0..3 {
+            set(&mut t, 4 * run + k, ppn + k);
+        }
+    }
+    t.compact();
+    assert_eq!(t.encodings(), [0, 0, 1, 0], "one group, in bitmap words");
+    let merges = t.stats().merges;
+    // Run 10 (offsets 40..43) takes run 12's PPNs: within its word's range, next to no run.
+    let p = first_ppn[12];
+    for k in 0..3 {
+        set(&mut t, 40 + k, p + k);
+    }
+    // Run 20 (offsets 80..83) is rewritten in part.
+    for k in 0..2 {
+        set(&mut t, 80 + k, p + 10 + k);
+    }
+    // A write elsewhere ends each stream.
+    set(&mut t, 4000, 12345);
+    let stats = t.stats().clone();
+    assert_eq!(stats.runs_moved_in_place, 1, "{stats:?}");
+    assert_eq!(stats.merges, merges, "{stats:?}");
+    // Run 20's two pages and the write at 4000 are buffered; run 10 is not.
+    assert_eq!(t.buffered_entries(), 3);
+    assert!(!t.is_buffered(41) && t.is_buffered(80));
+    assert_eq!(t.compressed(42), Some(p + 2));
+    for lpn in 0..GROUP_LPNS as u32 {
+        assert_eq!(t.get(lpn), oracle.get(&lpn).copied(), "lpn {lpn}");
+    }
 }
 
 #[test]

@@ -609,6 +609,15 @@ fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
     })
 }
 
+/// Maps offsets `off..off + len` (`len` >= 2) to `ppn, ppn + 1, ...` inside the blob, where they
+/// are exactly one run of it and its new first PPN fits where the old one was (GC moves a run's
+/// pages one after another: `LearnedMapping::relocate`). Bitmap words only, for now; false (the
+/// blob untouched) in the other encodings, and where `update_in_place` would refuse.
+pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
+    debug_assert!(len >= 2);
+    rd16(b, 0) & WORDS_FLAG != 0 && words::move_run_in_place(b, off, len, ppn)
+}
+
 /// Changes mapped offset `off` to `ppn` inside the blob, when the blob can hold the new value in
 /// the bits the old one took: a residual of a packed segment that stays within its width, the
 /// base of a one-point segment that stays within the base field, or the PPN of a one-page run

@@ -269,6 +269,9 @@ pub struct LearnedStats {
     pub in_place: u64,
     /// GC moves that `WriteTimes` showed not to be buffered, without searching the buffer.
     pub moves_known_unbuffered: u64,
+    /// Buffered runs (as GC moves make them) that went into their blobs in place
+    /// (`settle_tail_run`).
+    pub runs_moved_in_place: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -734,6 +737,7 @@ impl LearnedMapping {
 
     #[inline(never)]
     fn write_delta_slow(&mut self, lpn: u32, value: Option<u32>) {
+        self.settle_tail_run();
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
         let g = lpn >> GROUP_SHIFT;
@@ -882,6 +886,52 @@ impl LearnedMapping {
         self.follow.get_mut().lpn = 0;
         self.stats.merges += 1;
         self.stats.merged_entries += u64::from(delta.entries);
+    }
+
+    /// GC moves a run's pages one after another, each into the buffer (a page inside a run cannot
+    /// go in place alone), as a stream continuing the tail. When a write does not continue it,
+    /// and the tail's run covers exactly a run of its group's blob, the blob takes the new PPNs
+    /// in place where they fit (`group::move_run_in_place`) and the buffer drops the run: no
+    /// merge for it. In the default preset most moves the blobs refused were of such runs (from
+    /// the sequential fill). Only bitmap words take a run so (their runs lie within a word), and
+    /// only the buffer's runs of two or more pages are tried, once each.
+    fn settle_tail_run(&mut self) {
+        let t = self.tail;
+        debug_assert_eq!(t.pending, 0);
+        let Some(delta) = self.deltas.get(t.d as usize) else {
+            return;
+        };
+        let Some(&r) = delta.runs.get(t.at as usize) else {
+            return;
+        };
+        let g = delta.group;
+        // `Tail::NONE`, or a tail that is not this run's end, continues nothing here.
+        if r.len < 2
+            || r.ppn == TOMBSTONE
+            || (g << GROUP_SHIFT) + r.start() + r.len() != t.lpn
+            || !words::within_a_word(r.start(), r.len())
+        {
+            return;
+        }
+        let Some(blob) = self.groups.blob_mut(g) else {
+            return;
+        };
+        if !group::move_run_in_place(blob, r.start(), r.len(), r.ppn) {
+            return;
+        }
+        let delta = &mut self.deltas[t.d as usize];
+        delta.runs.remove(t.at as usize);
+        delta.cursor = delta.cursor.min(delta.runs.len().saturating_sub(1) as u16);
+        delta.entries -= r.len;
+        self.buffered_entries -= u64::from(r.len);
+        // Run indices moved; what the lookup cursor caches did not change.
+        self.tail = Tail::NONE;
+        self.last_delta = NO_LAST_DELTA;
+        self.follow.get_mut().lpn = 0;
+        if self.deltas[t.d as usize].entries == 0 {
+            self.drop_delta(t.d);
+        }
+        self.stats.runs_moved_in_place += 1;
     }
 
     /// Writes `ppn` for mapped, unbuffered `lpn` into its group's blob when it fits there: a

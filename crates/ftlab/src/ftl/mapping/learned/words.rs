@@ -275,6 +275,39 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
     true
 }
 
+/// Whether offsets `off..off + len` lie in one word, as every run of this encoding does (a
+/// longer stream's run cannot be one: `LearnedMapping::settle_tail_run` asks before reading
+/// the blob).
+#[inline]
+pub fn within_a_word(off: u32, len: u32) -> bool {
+    len > 0 && off / 64 == (off + len - 1) / 64
+}
+
+/// `group::move_run_in_place` for this encoding: where offsets `off..off + len` are exactly one
+/// run of the blob (within one word), its residual becomes `ppn`'s when that fits the word's
+/// width and does not continue a neighbour's PPN (as in `update_in_place`).
+pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
+    let word = Word::read(b, (off / 64) as usize);
+    let i = off % 64;
+    if word.mapped & (1 << i) == 0 || word.width == 0 {
+        return false;
+    }
+    let (j, first, end) = word.run_of(i);
+    let residual = i64::from(ppn) - i64::from(word.base);
+    if first != i || end - first != len || residual < 0 || residual >= 1 << word.width {
+        return false;
+    }
+    let joins_left = off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn);
+    let joins_right = off + len < GROUP_LPNS as u32
+        && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len));
+    if joins_left || joins_right {
+        return false;
+    }
+    let at = word.res_bit + u64::from(j) * u64::from(word.width);
+    wr_bits(b, RESIDUALS_AT, at, word.width, residual as u64);
+    true
+}
+
 /// A hint that offset `off` of blob `b` will be read soon: the lines of its word (24 bytes,
 /// which may straddle two).
 #[inline]
