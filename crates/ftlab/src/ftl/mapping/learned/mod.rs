@@ -269,8 +269,8 @@ pub struct LearnedStats {
     pub in_place: u64,
     /// GC moves that `WriteTimes` showed not to be buffered, without searching the buffer.
     pub moves_known_unbuffered: u64,
-    /// Buffered runs (as GC moves make them) that went into their blobs in place
-    /// (`settle_tail_run`).
+    /// Buffered runs that rewrote a run of their blob whole (GC moving it, a host rewriting it)
+    /// and went into the blob in place (`settle_tail_run`).
     pub runs_moved_in_place: u64,
 }
 
