@@ -610,8 +610,8 @@ fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
 }
 
 /// Maps offsets `off..off + len` (`len` >= 2) to `ppn, ppn + 1, ...` inside the blob, where they
-/// are exactly one run of it and its new first PPN fits where the old one was (GC moves a run's
-/// pages one after another: `LearnedMapping::relocate`). Bitmap words only, for now; false (the
+/// are exactly one run of it and its new first PPN fits where the old one was (a run rewritten
+/// whole through the buffer: `LearnedMapping::settle_tail_run`). Bitmap words only, for now; false (the
 /// blob untouched) in the other encodings, and where `update_in_place` would refuse.
 pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
     debug_assert!(len >= 2);

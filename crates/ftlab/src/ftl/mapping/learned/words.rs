@@ -254,25 +254,7 @@ fn ppn_of(b: &[u8], off: u32) -> Option<u32> {
 /// when it fits the word's width, unless it continues a neighbour's (then a merge shrinks the
 /// group).
 pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
-    let word = Word::read(b, (off / 64) as usize);
-    let i = off % 64;
-    if word.mapped & (1 << i) == 0 || word.width == 0 {
-        return false;
-    }
-    let (j, first, end) = word.run_of(i);
-    let residual = i64::from(ppn) - i64::from(word.base);
-    if end - first != 1 || residual < 0 || residual >= 1 << word.width {
-        return false;
-    }
-    let joins_left = off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn);
-    let joins_right =
-        off + 1 < GROUP_LPNS as u32 && ppn_of(b, off + 1).is_some_and(|r| r == ppn.wrapping_add(1));
-    if joins_left || joins_right {
-        return false;
-    }
-    let at = word.res_bit + u64::from(j) * u64::from(word.width);
-    wr_bits(b, RESIDUALS_AT, at, word.width, residual as u64);
-    true
+    move_run_in_place(b, off, 1, ppn)
 }
 
 /// Whether offsets `off..off + len` lie in one word, as every run of this encoding does (a
@@ -283,9 +265,9 @@ pub fn within_a_word(off: u32, len: u32) -> bool {
     len > 0 && off / 64 == (off + len - 1) / 64
 }
 
-/// `group::move_run_in_place` for this encoding: where offsets `off..off + len` are exactly one
-/// run of the blob (within one word), its residual becomes `ppn`'s when that fits the word's
-/// width and does not continue a neighbour's PPN (as in `update_in_place`).
+/// `group::move_run_in_place` for this encoding (and, with `len` 1, `update_in_place`): where
+/// offsets `off..off + len` are exactly one run of the blob (within one word), its residual
+/// becomes `ppn`'s when that fits the word's width and does not continue a neighbour's PPN.
 pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
     let word = Word::read(b, (off / 64) as usize);
     let i = off % 64;
