@@ -13,6 +13,11 @@
 //! `simulator` from the simulator, as `ftlab mapbench --ppns`), `trace_gets` (the trace's lookups in
 //! order) and `random_gets` (every live LPN once, shuffled). It prints each phase's wall time per
 //! operation and the table's merge statistics.
+//!
+//! With `MAPPROF_COMPACTED=1` it then merges the whole buffer (`compact`) and times, fastest of
+//! three passes, the trace's lookups through `get` (the lookup cursor and an empty buffer) and
+//! both lookup lists through `compressed_gets`, which asks the compressed layer alone (directory
+//! and blob, no cursor, no buffer): what each layer costs a lookup.
 
 use ftlab::ftl::mapping::learned::LearnedMapping;
 use ftlab::ftl::mapping::MappingTable;
@@ -45,6 +50,16 @@ fn random_gets(table: &LearnedMapping, lpns: &[u32]) -> u64 {
     lpns.iter().fold(1u64, |sum, &lpn| {
         sum.wrapping_mul(3)
             .wrapping_add(u64::from(black_box(table.get(black_box(lpn))).unwrap_or(0)))
+    })
+}
+
+/// Lookups of the compressed layer alone (`LearnedMapping::compressed`).
+#[inline(never)]
+fn compressed_gets(table: &LearnedMapping, lpns: &[u32]) -> u64 {
+    lpns.iter().fold(0u64, |sum, &lpn| {
+        sum.wrapping_add(u64::from(
+            black_box(table.compressed(black_box(lpn))).unwrap_or(0),
+        ))
     })
 }
 
@@ -91,5 +106,26 @@ fn main() -> anyhow::Result<()> {
         table.stats(),
         table.buffered_entries()
     );
+    if std::env::var_os("MAPPROF_COMPACTED").is_some() {
+        table.compact();
+        let fastest = |f: &dyn Fn() -> u64, n: usize| {
+            (0..3)
+                .map(|_| {
+                    let t = Instant::now();
+                    black_box(f());
+                    per_op(t, n)
+                })
+                .fold(f64::MAX, f64::min)
+        };
+        let get_ns = fastest(&|| trace_gets(&table, &ops.gets), ops.gets.len());
+        let bare_ns = fastest(&|| compressed_gets(&table, &ops.gets), ops.gets.len());
+        let bare_random_ns = fastest(
+            &|| compressed_gets(&table, &ops.random_gets),
+            ops.random_gets.len(),
+        );
+        println!(
+            "compacted: trace-order gets {get_ns:.2} ns; compressed layer alone: trace order {bare_ns:.2} ns, random {bare_random_ns:.2} ns"
+        );
+    }
     Ok(())
 }
