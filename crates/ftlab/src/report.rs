@@ -5,6 +5,7 @@
 //! wall-clock speed appears in the human summary alone.
 
 use crate::config::Config;
+use crate::ftl::mapping::learned::LearnedActivity;
 use crate::ftl::mapping::MappingTable;
 use crate::ftl::{Ftl, FtlStats};
 use crate::request::{Op, Request};
@@ -253,6 +254,9 @@ pub struct MappingInfo {
     /// answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
+    /// For `learned`: what its buffer did (merges, updates in place) and its groups' encodings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<LearnedActivity>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -399,6 +403,7 @@ impl Report {
                 bytes_per_live_mapping: bytes_per_mapping(mapping_bytes, live),
                 ftl_metadata_bytes: ftl.metadata_bytes() as u64,
                 compressed_get_fraction: ftl.mapping().compressed_get_fraction().map(round6),
+                learned: ftl.mapping().learned_activity(),
             },
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),
@@ -553,6 +558,21 @@ impl Report {
                 o,
                 "           {:.1} % of lookups answered by the compressed layer",
                 100.0 * f
+            );
+        }
+        if let Some(a) = &self.mapping.learned {
+            let g = &a.groups;
+            let _ = writeln!(
+                o,
+                "           {} merges of {} buffered LPNs, {} updates and {} runs in place; groups: {} run lists, {} segments, {} bitmap words, {} patched",
+                a.merges,
+                a.merged_entries,
+                a.updates_in_place,
+                a.runs_moved_in_place,
+                g.runs,
+                g.segments,
+                g.words,
+                g.patched
             );
         }
         if self.wall_seconds > 0.0 {

@@ -123,9 +123,11 @@ impl<M: MappingTable> Ftl<M> {
         &self.stats
     }
 
+    /// Starts the counts over (after preconditioning), the mapping table's own included.
     pub fn reset_stats(&mut self) {
         self.stats = FtlStats::default();
         self.timing.reset_busy();
+        self.map.reset_activity();
     }
 
     pub fn mapping(&self) -> &M {

@@ -34,6 +34,8 @@ pub struct MappingSummary {
     pub live_mappings: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learned: Option<crate::ftl::mapping::learned::LearnedActivity>,
 }
 
 impl ModelFtl {
@@ -73,6 +75,7 @@ impl ModelFtl {
             bytes: f.mapping_bytes() as u64,
             live_mappings: f.mapping().live_mappings(),
             compressed_get_fraction: f.mapping().compressed_get_fraction(),
+            learned: f.mapping().learned_activity(),
         })
     }
 }

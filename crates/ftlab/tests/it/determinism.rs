@@ -1,4 +1,5 @@
 use crate::support::{config, run, trace};
+use ftlab::ftl::mapping::learned::GROUP_LPNS;
 
 #[test]
 fn same_config_and_seed_give_byte_identical_reports() {
@@ -96,4 +97,49 @@ fn every_mapping_table_gives_the_flat_tables_results() {
         fractions[0]
     );
     assert!(fractions[1] < fractions[0], "{fractions:?}");
+}
+
+/// The report's `mapping.learned` counts the measured phase only (the table's counts start over
+/// with the FTL's after preconditioning) and sorts every group holding mappings by encoding;
+/// the other tables have none.
+#[test]
+fn the_learned_tables_activity_counts_the_measured_phase() {
+    let sets = [
+        "flash.blocks_per_die=16",
+        "flash.superblock_dies=1",
+        "capacity.over_provisioning=0.15",
+        "workload.kind=uniform",
+        "workload.requests=50000",
+        "workload.precondition=true",
+        "ftl.write_buffer_mib=0",
+    ];
+    let mut learned_sets = sets.to_vec();
+    learned_sets.push("ftl.mapping=\"learned\"");
+    let r = run(&config("femu", &learned_sets));
+    let a = r
+        .mapping
+        .learned
+        .clone()
+        .expect("learned reports its activity");
+    // The fill mapped every LPN, so every group of the device holds mappings.
+    let g = &a.groups;
+    assert_eq!(
+        g.runs + g.segments + g.words + g.patched,
+        r.mapping.live_mappings.div_ceil(GROUP_LPNS as u64),
+        "{a:?}"
+    );
+    assert!(a.merges > 0 && a.updates_in_place > 0, "{a:?}");
+    // Each LPN merged, written in place or still buffered is an update of this phase (a host
+    // write or a GC move), or one the buffer already held as the phase began (at most one in
+    // 16 live mappings). Counting the preconditioning's (a full fill, then random overwrites)
+    // would exceed that several times over.
+    let updates = r.host_program_pages + r.gc_write_pages;
+    assert!(
+        a.updates_in_place + a.merged_entries + a.buffered_entries
+            <= updates + r.mapping.live_mappings / 16,
+        "{a:?} against {updates} updates"
+    );
+    let flat = run(&config("femu", &sets));
+    assert_eq!(flat.mapping.learned, None);
+    assert!(!flat.to_json().contains("\"learned\""));
 }

@@ -55,6 +55,12 @@ pub trait MappingTable {
     fn compressed_get_fraction(&self) -> Option<f64> {
         None
     }
+    /// For `learned`: its merges, updates in place and encodings (None for the other tables).
+    fn learned_activity(&self) -> Option<learned::LearnedActivity> {
+        None
+    }
+    /// Starts the counts behind `learned_activity` and `compressed_get_fraction` over.
+    fn reset_activity(&mut self) {}
 }
 
 /// Asks the CPU to bring the cache line holding `*p` closer. A no-op where unsupported.

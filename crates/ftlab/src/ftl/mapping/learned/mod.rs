@@ -22,6 +22,7 @@ pub mod words;
 use super::runs::{self, Run};
 use super::MappingTable;
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use store::GroupStore;
 
@@ -274,6 +275,37 @@ pub struct LearnedStats {
     pub runs_moved_in_place: u64,
 }
 
+/// What the table did over a simulation, for its report (`mapping.learned`): how often the
+/// buffer was folded into the blobs (the table's own work per update) and how often it was
+/// skipped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LearnedActivity {
+    /// Buffered groups folded into their blobs (each re-encodes one group)...
+    pub merges: u64,
+    /// ...and the buffered LPNs they held.
+    pub merged_entries: u64,
+    /// Updates and GC moves written into a blob in place, skipping the buffer.
+    pub updates_in_place: u64,
+    /// Buffered runs that rewrote a run of their blob whole and went into it in place.
+    pub runs_moved_in_place: u64,
+    /// GC moves that the buffer's write clock showed it did not hold, so it was not searched.
+    pub gc_moves_known_unbuffered: u64,
+    /// LPNs whose latest update was still in the buffer as the run ended.
+    pub buffered_entries: u64,
+    /// Groups holding mappings, by encoding, as the run ended.
+    pub groups: GroupEncodings,
+}
+
+/// Groups by encoding (`group::Encoding`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupEncodings {
+    pub runs: u64,
+    pub segments: u64,
+    pub words: u64,
+    /// Any of the three with outliers listed apart.
+    pub patched: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct LearnedMapping {
     groups: GroupStore,
@@ -362,6 +394,26 @@ impl LearnedMapping {
             }
         }
         counts
+    }
+
+    /// The statistics and encodings as `LearnedActivity` (the report's form).
+    pub fn activity(&self) -> LearnedActivity {
+        let s = &self.stats;
+        let [runs, segments, words, patched] = self.encodings();
+        LearnedActivity {
+            merges: s.merges,
+            merged_entries: s.merged_entries,
+            updates_in_place: s.in_place,
+            runs_moved_in_place: s.runs_moved_in_place,
+            gc_moves_known_unbuffered: s.moves_known_unbuffered,
+            buffered_entries: self.buffered_entries(),
+            groups: GroupEncodings {
+                runs,
+                segments,
+                words,
+                patched,
+            },
+        }
     }
 
     /// LPNs whose latest update is still in the buffer.
@@ -1122,6 +1174,16 @@ impl MappingTable for LearnedMapping {
         let mut copy = self.clone();
         copy.compact();
         copy.heap_bytes()
+    }
+
+    fn learned_activity(&self) -> Option<LearnedActivity> {
+        Some(self.activity())
+    }
+
+    fn reset_activity(&mut self) {
+        self.stats = LearnedStats::default();
+        self.gets.set(0);
+        self.buffered_gets.set(0);
     }
 
     fn compressed_get_fraction(&self) -> Option<f64> {
