@@ -1385,6 +1385,42 @@ mod tests {
     use super::*;
     use crate::ftl::mapping::oracle;
 
+    proptest::proptest! {
+        /// `set_bits` and `clear_around` against a plain set of offsets: the bounds hold no
+        /// buffered offset, and end at the nearest one unless the scan stopped first (at the
+        /// limits' words, or `BOUND_SCAN_WORDS` words out), and then at a word's edge.
+        #[test]
+        fn bit_bounds_match_a_scan_of_the_offsets(
+            ranges in proptest::collection::vec((0u32..GROUP_LPNS as u32, 1u32..300, proptest::bool::ANY), 0..40),
+            off in 0u32..GROUP_LPNS as u32,
+            lims in (0u32..GROUP_LPNS as u32, 0u32..=GROUP_LPNS as u32),
+        ) {
+            let mut bits = [0u64; GROUP_LPNS / 64];
+            let mut held = vec![false; GROUP_LPNS];
+            for &(lo, len, on) in &ranges {
+                let hi = (lo + len).min(GROUP_LPNS as u32);
+                set_bits(&mut bits, lo, hi, on);
+                held[lo as usize..hi as usize].fill(on);
+            }
+            for (k, &h) in held.iter().enumerate() {
+                proptest::prop_assert_eq!(is_buffered_bit(&bits, k as u32), h);
+            }
+            proptest::prop_assume!(!held[off as usize]);
+            let (lim_lo, lim_hi) = (lims.0.min(off), lims.1.max(off + 1));
+            let (lo, hi) = clear_around(&bits, off, lim_lo, lim_hi);
+            let true_lo = (0..off).rev().find(|&k| held[k as usize]).map_or(0, |k| k + 1);
+            let true_hi = (off + 1..GROUP_LPNS as u32).find(|&k| held[k as usize]).unwrap_or(GROUP_LPNS as u32);
+            proptest::prop_assert!(true_lo <= lo && lo <= off && off < hi && hi <= true_hi);
+            let scan = 64 * BOUND_SCAN_WORDS as u32;
+            if lo != true_lo {
+                proptest::prop_assert!(lo % 64 == 0 && (lo <= lim_lo || off - lo >= scan));
+            }
+            if hi != true_hi {
+                proptest::prop_assert!(hi % 64 == 0 && (hi > lim_hi || hi - off > scan));
+            }
+        }
+    }
+
     /// The buffer's clock restarts before it would wrap (here pushed close to that every 20 K
     /// host writes): every answer stays right (debug builds check each skipped search), and
     /// moves skip the search again after each restart.
