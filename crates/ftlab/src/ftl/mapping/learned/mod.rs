@@ -13,6 +13,7 @@
 //!
 //! Must not know: flash geometry beyond the LPN count, timing, or where PPNs come from.
 
+mod delta_index;
 pub mod fit;
 pub mod group;
 pub mod patches;
@@ -21,7 +22,7 @@ pub mod words;
 
 use super::runs::{self, Run};
 use super::MappingTable;
-use rustc_hash::FxHashMap;
+use delta_index::DeltaIndex;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use store::GroupStore;
@@ -196,18 +197,10 @@ impl Run for DeltaRun {
     }
 }
 
-/// Where a buffered group's delta is, and the buffer's clock when it was made: every update it
-/// holds was buffered then or later (`WriteTimes`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct DeltaSlot {
-    d: u32,
-    since: u32,
-}
-
 /// For GC moves: when (by `LearnedMapping::buffer_clock`, which counts buffered writes) a PPN of
 /// each chunk of `2^TIME_CHUNK_SHIFT` was last written to the buffer. A move of `lpn` from `from`
 /// is told `from` is its current PPN; were the buffer to hold `lpn`, it would hold `from`,
-/// buffered no earlier than the delta was made (`DeltaSlot::since`). So where `from`'s chunk was
+/// buffered no earlier than the delta was made (`Delta::since`). So where `from`'s chunk was
 /// last buffered before that, the buffer does not hold `lpn`, and the search of the delta's runs
 /// (a fifth of the default preset's time, on cache misses) is skipped. Moves come from old,
 /// mostly invalid blocks, written before their groups' last merges made the deltas they have
@@ -255,8 +248,11 @@ struct Delta {
     /// LPNs covered by `runs` (at most `GROUP_LPNS`).
     entries: u16,
     /// The run the group's last write went to: where a sequential write continues
-    /// (`runs::extend_at`). Only a hint; 16 bits keep the struct at 32 bytes.
+    /// (`runs::extend_at`). Only a hint, in 16 bits.
     cursor: u16,
+    /// The buffer's clock when the delta was made: every update it holds was buffered then or
+    /// later (`WriteTimes`).
+    since: u32,
     runs: Vec<DeltaRun>,
 }
 
@@ -379,9 +375,8 @@ pub struct GroupEncodings {
 #[derive(Clone, Debug)]
 pub struct LearnedMapping {
     groups: GroupStore,
-    /// Group -> index in `deltas` and the clock when it was made, for groups with buffered
-    /// updates.
-    delta_of_group: FxHashMap<u32, DeltaSlot>,
+    /// Group -> index in `deltas`, for groups with buffered updates.
+    delta_index: DeltaIndex,
     deltas: Vec<Delta>,
     /// Which offsets each delta's runs hold (parallel to `deltas`).
     buffered_bits: Vec<BufferedBits>,
@@ -423,7 +418,7 @@ impl LearnedMapping {
         let groups = logical_pages.div_ceil(GROUP_LPNS as u64) as usize;
         Self {
             groups: GroupStore::new(groups),
-            delta_of_group: FxHashMap::default(),
+            delta_index: DeltaIndex::new(groups),
             deltas: Vec::new(),
             buffered_bits: Vec::new(),
             buffer_clock: 0,
@@ -506,10 +501,7 @@ impl LearnedMapping {
                 "group {} is buffered with nothing",
                 delta.group
             );
-            assert_eq!(
-                self.delta_of_group.get(&delta.group).map(|slot| slot.d),
-                Some(d as u32)
-            );
+            assert_eq!(self.delta_index.get(delta.group), Some(d as u32));
             // The bits are the runs' offsets (the tail's deferred appends excluded).
             let mut bits = [0u64; GROUP_LPNS / 64];
             for r in &delta.runs {
@@ -522,7 +514,7 @@ impl LearnedMapping {
             );
             total += u64::from(covered);
         }
-        assert_eq!(self.delta_of_group.len(), self.deltas.len());
+        assert_eq!(self.delta_index.len(), self.deltas.len());
         assert_eq!(self.buffered_bits.len(), self.deltas.len());
         assert_eq!(self.buffered_entries, total);
         // The deferred appends continue the tail's run, and the budget kept them within the
@@ -737,15 +729,10 @@ impl LearnedMapping {
     /// The buffered updates of group `g`, if any (no hashing while the buffer is empty).
     #[inline]
     fn delta(&self, g: u32) -> Option<u32> {
-        self.delta_slot(g).map(|slot| slot.d)
-    }
-
-    #[inline]
-    fn delta_slot(&self, g: u32) -> Option<DeltaSlot> {
         if self.deltas.is_empty() {
             None
         } else {
-            self.delta_of_group.get(&g).copied()
+            self.delta_index.get(g)
         }
     }
 
@@ -846,8 +833,8 @@ impl LearnedMapping {
     #[cold]
     fn restart_clock(&mut self) {
         self.buffer_clock = 1;
-        for slot in self.delta_of_group.values_mut() {
-            slot.since = 1;
+        for delta in &mut self.deltas {
+            delta.since = 1;
         }
         self.write_times.floor = 1;
         self.write_times.chunks.fill(1);
@@ -970,7 +957,7 @@ impl LearnedMapping {
         let d = match if cached.0 == g {
             Some(cached.1)
         } else {
-            self.delta_of_group.get(&g).map(|slot| slot.d)
+            self.delta_index.get(g)
         } {
             Some(d) => d,
             None => {
@@ -983,15 +970,10 @@ impl LearnedMapping {
                     group: g,
                     entries: 0,
                     cursor: 0,
+                    since: self.buffer_clock,
                     runs: Vec::new(),
                 });
-                self.delta_of_group.insert(
-                    g,
-                    DeltaSlot {
-                        d,
-                        since: self.buffer_clock,
-                    },
-                );
+                self.delta_index.set(g, d);
                 d
             }
         };
@@ -1044,11 +1026,9 @@ impl LearnedMapping {
         self.buffered_bits.swap_remove(d as usize);
         self.last_delta = NO_LAST_DELTA;
         self.tail = Tail::NONE;
-        self.delta_of_group.remove(&delta.group);
+        self.delta_index.remove(delta.group);
         if let Some(moved) = self.deltas.get(d as usize) {
-            if let Some(slot) = self.delta_of_group.get_mut(&moved.group) {
-                slot.d = d;
-            }
+            self.delta_index.set(moved.group, d);
         }
         self.buffered_entries -= u64::from(delta.entries);
         delta
@@ -1251,9 +1231,9 @@ impl MappingTable for LearnedMapping {
             self.write_times.floor = self.buffer_clock;
         }
         let (g, off) = (lpn >> GROUP_SHIFT, lpn & OFFSET_MASK);
-        let buffered = self.delta_slot(g).is_some_and(|slot| {
-            let bits = &self.buffered_bits[slot.d as usize];
-            if self.write_times.before(from, slot.since) {
+        let buffered = self.delta(g).is_some_and(|d| {
+            let bits = &self.buffered_bits[d as usize];
+            if self.write_times.before(from, self.deltas[d as usize].since) {
                 debug_assert!(!is_buffered_bit(bits, off), "lpn {lpn}");
                 self.stats.moves_known_unbuffered += 1;
                 return false;
@@ -1291,10 +1271,7 @@ impl MappingTable for LearnedMapping {
 
     fn heap_bytes(&self) -> usize {
         self.compressed_bytes()
-            + crate::heap::hashbrown_bytes(
-                self.delta_of_group.capacity(),
-                std::mem::size_of::<(u32, DeltaSlot)>(),
-            )
+            + self.delta_index.heap_bytes()
             + self.write_times.chunks.capacity() * 4
             + self.deltas.capacity() * std::mem::size_of::<Delta>()
             + self.buffered_bits.capacity() * std::mem::size_of::<BufferedBits>()
@@ -1351,7 +1328,8 @@ impl MappingTable for LearnedMapping {
         }
         self.deltas.shrink_to_fit();
         self.buffered_bits.shrink_to_fit();
-        self.delta_of_group.shrink_to_fit();
+        // Nothing is buffered now: the index's chunks go too.
+        self.delta_index.clear();
         self.write_times.chunks.shrink_to_fit();
         self.groups.shrink();
     }
