@@ -103,7 +103,19 @@ fn is_buffered_bit(bits: &BufferedBits, off: u32) -> bool {
     bits[(off / 64) as usize] >> (off % 64) & 1 != 0
 }
 
+/// Sets (`on`) or clears offset `off`'s bit.
+#[inline]
+fn set_bit(bits: &mut BufferedBits, off: u32, on: bool) {
+    let (w, mask) = ((off / 64) as usize, 1u64 << (off % 64));
+    if on {
+        bits[w] |= mask;
+    } else {
+        bits[w] &= !mask;
+    }
+}
+
 /// Sets (`on`) or clears the bits of offsets `lo..hi`.
+#[inline]
 fn set_bits(bits: &mut BufferedBits, lo: u32, hi: u32, on: bool) {
     debug_assert!(lo <= hi && hi as usize <= GROUP_LPNS);
     let mut off = lo;
@@ -786,9 +798,11 @@ impl LearnedMapping {
         r.len += 1;
         delta.entries += 1;
         self.buffered_entries += 1;
-        let bits = &mut self.buffered_bits[t.d as usize];
-        let off = lpn & OFFSET_MASK;
-        bits[(off / 64) as usize] |= 1 << (off % 64);
+        set_bit(
+            &mut self.buffered_bits[t.d as usize],
+            lpn & OFFSET_MASK,
+            true,
+        );
         self.step_tail(lpn, value);
         true
     }
@@ -884,7 +898,7 @@ impl LearnedMapping {
         let Some(covered) = runs::extend_at(&mut delta.runs, at, off, value) else {
             return false;
         };
-        set_bits(&mut self.buffered_bits[d as usize], off, off + 1, true);
+        set_bit(&mut self.buffered_bits[d as usize], off, true);
         if !covered {
             delta.entries += 1;
             self.buffered_entries += 1;
@@ -993,12 +1007,7 @@ impl LearnedMapping {
             delta.runs.reserve_exact((delta.runs.len() / 4).max(2));
         }
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
-        set_bits(
-            &mut self.buffered_bits[d as usize],
-            off,
-            off + 1,
-            value.is_some(),
-        );
+        set_bit(&mut self.buffered_bits[d as usize], off, value.is_some());
         // Fewer than GROUP_LPNS runs, so the index fits.
         delta.cursor = at as u16;
         match (old, value) {
