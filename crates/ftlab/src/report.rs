@@ -561,14 +561,14 @@ impl Report {
             );
         }
         if let Some(a) = &self.mapping.learned {
-            let g = &a.groups;
+            let (c, g) = (&a.counts, &a.groups);
             let _ = writeln!(
                 o,
                 "           {} merges of {} buffered LPNs, {} updates and {} runs in place; groups: {} run lists, {} segments, {} bitmap words, {} patched",
-                a.merges,
-                a.merged_entries,
-                a.updates_in_place,
-                a.runs_moved_in_place,
+                c.merges,
+                c.merged_entries,
+                c.updates_in_place,
+                c.runs_moved_in_place,
                 g.runs,
                 g.segments,
                 g.words,

@@ -128,14 +128,15 @@ fn the_learned_tables_activity_counts_the_measured_phase() {
         r.mapping.live_mappings.div_ceil(GROUP_LPNS as u64),
         "{a:?}"
     );
-    assert!(a.merges > 0 && a.updates_in_place > 0, "{a:?}");
+    let c = &a.counts;
+    assert!(c.merges > 0 && c.updates_in_place > 0, "{a:?}");
     // Each LPN merged, written in place or still buffered is an update of this phase (a host
     // write or a GC move), or one the buffer already held as the phase began (at most one in
     // 16 live mappings). Counting the preconditioning's (a full fill, then random overwrites)
     // would exceed that several times over.
     let updates = r.host_program_pages + r.gc_write_pages;
     assert!(
-        a.updates_in_place + a.merged_entries + a.buffered_entries
+        c.updates_in_place + c.merged_entries + a.buffered_entries
             <= updates + r.mapping.live_mappings / 16,
         "{a:?} against {updates} updates"
     );

@@ -230,7 +230,7 @@ fn random_overwrites_of_reused_ppns_go_in_place_and_read_back() {
     }));
     let mut t = LearnedMapping::new(u64::from(N));
     oracle::check_table(&mut t, &ops, N, |_, _| {});
-    let in_place = t.stats().in_place;
+    let in_place = t.stats().updates_in_place;
     assert!(
         in_place > 150_000,
         "{in_place} of 200000 overwrites in place"
@@ -239,7 +239,7 @@ fn random_overwrites_of_reused_ppns_go_in_place_and_read_back() {
 
 /// GC moves on a log with FIFO cleaning and reused PPNs (`oracle::check_fifo_cleaning`): most
 /// are of pages written before their groups' deltas were made, which the table answers without
-/// searching its buffer (`moves_known_unbuffered`; debug builds check each such answer against
+/// searching its buffer (`gc_moves_known_unbuffered`; debug builds check each such answer against
 /// the search), and every mapping matches a HashMap.
 #[test]
 fn gc_moves_of_old_pages_skip_the_buffer_search_and_read_back() {
@@ -248,7 +248,7 @@ fn gc_moves_of_old_pages_skip_the_buffer_search_and_read_back() {
     // groups' next merges (most of these overwrites go into the blobs in place).
     let mut t = LearnedMapping::with_buffer(u64::from(N), 64).buffer_live_divisor(1 << 20);
     let moves = oracle::check_fifo_cleaning(&mut t, N, N + N / 4, 400_000, 11, |_, _| {});
-    let skipped = t.stats().moves_known_unbuffered;
+    let skipped = t.stats().gc_moves_known_unbuffered;
     let settled = t.stats().runs_moved_in_place;
     eprintln!(
         "{skipped} of {moves} moves skipped the search; {settled} buffered runs went in place"

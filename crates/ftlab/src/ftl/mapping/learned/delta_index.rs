@@ -88,13 +88,10 @@ mod tests {
         let groups = 5 * CHUNK_GROUPS + 17;
         let mut index = DeltaIndex::new(groups);
         let mut oracle = HashMap::new();
-        let mut x = 12345u64;
+        let mut rng = crate::rng::SplitMix64::new(12345);
         for step in 0..20_000u32 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let g = (x >> 33) as u32 % groups as u32;
-            if x & 3 == 0 {
+            let g = rng.bounded(groups as u64) as u32;
+            if rng.bounded(4) == 0 {
                 index.remove(g);
                 oracle.remove(&g);
             } else {

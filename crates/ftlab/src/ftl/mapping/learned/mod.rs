@@ -340,34 +340,30 @@ struct MergeScratch {
     encode: group::Scratch,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct LearnedStats {
-    pub merges: u64,
-    pub merged_entries: u64,
-    /// Updates written into a blob in place (`group::update_in_place`), skipping the buffer.
-    pub in_place: u64,
-    /// GC moves that `WriteTimes` showed not to be buffered, without searching the buffer.
-    pub moves_known_unbuffered: u64,
-    /// Buffered runs that rewrote a run of their blob whole (GC moving it, a host rewriting it)
-    /// and went into the blob in place (`settle_tail_run`).
-    pub runs_moved_in_place: u64,
-}
-
-/// What the table did over a simulation, for its report (`mapping.learned`): how often the
-/// buffer was folded into the blobs (the table's own work per update) and how often it was
-/// skipped.
+/// The table's counts of its own work (the report's `mapping.learned`, in this order).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LearnedActivity {
+pub struct LearnedStats {
     /// Buffered groups folded into their blobs (each re-encodes one group)...
     pub merges: u64,
     /// ...and the buffered LPNs they held.
     pub merged_entries: u64,
-    /// Updates and GC moves written into a blob in place, skipping the buffer.
+    /// Updates and GC moves written into a blob in place (`group::update_in_place`), skipping
+    /// the buffer.
     pub updates_in_place: u64,
-    /// Buffered runs that rewrote a run of their blob whole and went into it in place.
+    /// Buffered runs that rewrote a run of their blob whole (GC moving it, a host rewriting it)
+    /// and went into the blob in place (`settle_tail_run`).
     pub runs_moved_in_place: u64,
-    /// GC moves that the buffer's write clock showed it did not hold, so it was not searched.
+    /// GC moves that `WriteTimes` showed not to be buffered, without searching the buffer.
     pub gc_moves_known_unbuffered: u64,
+}
+
+/// What the table did over a simulation, for its report (`mapping.learned`): how often the
+/// buffer was folded into the blobs (the table's own work per update) and how often it was
+/// skipped, and how its groups are encoded.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LearnedActivity {
+    #[serde(flatten)]
+    pub counts: LearnedStats,
     /// LPNs whose latest update was still in the buffer as the run ended.
     pub buffered_entries: u64,
     /// Groups holding mappings, by encoding, as the run ended.
@@ -478,14 +474,9 @@ impl LearnedMapping {
 
     /// The statistics and encodings as `LearnedActivity` (the report's form).
     pub fn activity(&self) -> LearnedActivity {
-        let s = &self.stats;
         let [runs, segments, words, patched] = self.encodings();
         LearnedActivity {
-            merges: s.merges,
-            merged_entries: s.merged_entries,
-            updates_in_place: s.in_place,
-            runs_moved_in_place: s.runs_moved_in_place,
-            gc_moves_known_unbuffered: s.moves_known_unbuffered,
+            counts: self.stats.clone(),
             buffered_entries: self.buffered_entries(),
             groups: GroupEncodings {
                 runs,
@@ -1173,7 +1164,7 @@ impl LearnedMapping {
             return false;
         }
         self.span.get_mut().forget(lpn);
-        self.stats.in_place += 1;
+        self.stats.updates_in_place += 1;
         true
     }
 
@@ -1244,7 +1235,7 @@ impl MappingTable for LearnedMapping {
             let bits = &self.buffered_bits[d as usize];
             if self.write_times.before(from, self.deltas[d as usize].since) {
                 debug_assert!(!is_buffered_bit(bits, off), "lpn {lpn}");
-                self.stats.moves_known_unbuffered += 1;
+                self.stats.gc_moves_known_unbuffered += 1;
                 return false;
             }
             is_buffered_bit(bits, off)
@@ -1418,11 +1409,11 @@ mod tests {
         let mut skipped_at_restart = Vec::new();
         oracle::check_fifo_cleaning(&mut t, N, N + N / 4, 200_000, 5, |t, step| {
             if step % 20_000 == 0 && t.write_times.on {
-                skipped_at_restart.push(t.stats.moves_known_unbuffered);
+                skipped_at_restart.push(t.stats.gc_moves_known_unbuffered);
                 t.buffer_clock = u32::MAX - 50;
             }
         });
-        skipped_at_restart.push(t.stats.moves_known_unbuffered);
+        skipped_at_restart.push(t.stats.gc_moves_known_unbuffered);
         assert!(skipped_at_restart.len() >= 8, "{skipped_at_restart:?}");
         // Every interval after the first restart skipped some searches.
         assert!(
