@@ -283,6 +283,10 @@ pub struct TableResult {
     pub set_p99_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
+    /// The learned table's: the fraction of the trace-order lookups its cursor answered with no
+    /// search (the span of consecutive PPNs the last lookup or update found).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cursor_get_fraction: Option<f64>,
     pub lossless_verified: bool,
     /// Throughputs divided by the flat u64 array's in the same run (when it ran).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -326,6 +330,8 @@ pub struct MapBench {
     pub simulator: Option<SimulatorRun>,
     /// The learned table's figure (the only table with a compressed layer).
     pub compressed_get_fraction: Option<f64>,
+    /// The learned table's: lookups its cursor answered with no search.
+    pub cursor_get_fraction: Option<f64>,
     /// The learned table's update buffer holds up to one in this many live mappings (at least
     /// 256 LPNs; `--learned-buffer-divisor`).
     pub learned_buffer_divisor: u64,
@@ -471,8 +477,12 @@ fn apply<M: MappingTable>(table: &mut M, (lpn, v): (u32, u32)) -> Option<u32> {
 pub const LOOKUP_PASSES: usize = 3;
 
 /// Seconds for the update phase, the trace-order lookups and the random lookups (each the
-/// fastest of `LOOKUP_PASSES`), and the compressed-layer fraction of the first trace-order pass.
-fn timed_phases<M: MappingTable>(table: &mut M, ops: &MapOps) -> (f64, f64, f64, Option<f64>) {
+/// fastest of `LOOKUP_PASSES`), and of the first trace-order pass, the fractions of lookups the
+/// compressed layer and the lookup cursor answered (tables with them).
+fn timed_phases<M: MappingTable>(
+    table: &mut M,
+    ops: &MapOps,
+) -> (f64, f64, f64, Option<f64>, Option<f64>) {
     let t0 = Instant::now();
     for &u in &ops.updates {
         black_box(apply(table, u));
@@ -487,13 +497,17 @@ fn timed_phases<M: MappingTable>(table: &mut M, ops: &MapOps) -> (f64, f64, f64,
     };
     let mut get_s = pass(&ops.gets);
     let fraction = table.compressed_get_fraction();
+    let cursor = table
+        .learned_activity()
+        .filter(|a| a.gets > 0)
+        .map(|a| 1.0 - a.get_cursor_misses as f64 / a.gets as f64);
     for _ in 1..LOOKUP_PASSES {
         get_s = get_s.min(pass(&ops.gets));
     }
     let random_s = (0..LOOKUP_PASSES)
         .map(|_| pass(&ops.random_gets))
         .fold(f64::MAX, f64::min);
-    (set_s, get_s, random_s, fraction)
+    (set_s, get_s, random_s, fraction, cursor)
 }
 
 /// The fastest time seen of each timed phase, in seconds.
@@ -520,7 +534,7 @@ impl Phases {
 
 /// One throughput round of the named table, on a fresh table.
 fn throughput_round(name: &str, pages: u64, ops: &MapOps, divisor: u64) -> (f64, f64, f64) {
-    let (s, g, r, _) = match name {
+    let (s, g, r, _, _) = match name {
         "flat-u64" => timed_phases(&mut FlatU64::new(pages), ops),
         "flat-u32" => timed_phases(&mut FlatMapping::new(pages), ops),
         "hash" => timed_phases(&mut HashMapping::new(), ops),
@@ -552,7 +566,7 @@ pub fn run_table<M: MappingTable>(
     } = best;
     let before = allocator_in_use();
     let mut table = make();
-    let (s, g, r, compressed_get_fraction) = timed_phases(&mut table, ops);
+    let (s, g, r, compressed_get_fraction, cursor_get_fraction) = timed_phases(&mut table, ops);
     (set_s, get_s, random_s) = (set_s.min(s), get_s.min(g), random_s.min(r));
     let total_ms = (set_s + get_s) * 1e3;
 
@@ -626,6 +640,7 @@ pub fn run_table<M: MappingTable>(
         set_p50_ns: median(2),
         set_p99_ns: median(3),
         compressed_get_fraction: compressed_get_fraction.map(crate::report::round6),
+        cursor_get_fraction: cursor_get_fraction.map(crate::report::round6),
         lossless_verified: ok,
         vs_flat_u64: None,
     }
@@ -702,6 +717,7 @@ pub fn run(
         live_mappings: oracle.iter().filter(|&&v| v != REMOVE).count() as u64,
         simulator: ops.simulator.clone(),
         compressed_get_fraction: results.iter().find_map(|r| r.compressed_get_fraction),
+        cursor_get_fraction: results.iter().find_map(|r| r.cursor_get_fraction),
         learned_buffer_divisor,
         latency_method: format!(
             "{}; quantiles are the median over {} passes",
@@ -782,9 +798,13 @@ pub fn markdown(b: &MapBench) -> String {
     if let Some(f) = b.compressed_get_fraction {
         let _ = writeln!(
             o,
-            "\nlearned: {:.1} % of lookups answered by the compressed layer (buffer: up to 1/{} of the live mappings)",
+            "\nlearned: {:.1} % of lookups answered by the compressed layer (buffer: up to 1/{} of the live mappings){}",
             100.0 * f,
-            b.learned_buffer_divisor
+            b.learned_buffer_divisor,
+            b.cursor_get_fraction.map_or(String::new(), |c| format!(
+                "; {:.1} % by its lookup cursor, with no search",
+                100.0 * c
+            ))
         );
     }
     let _ = writeln!(o, "latency: {}", b.latency_method);

@@ -554,10 +554,17 @@ impl Report {
             mib(self.mapping.ftl_metadata_bytes)
         );
         if let Some(f) = self.mapping.compressed_get_fraction {
+            let cursor = self.mapping.learned.as_ref().and_then(|a| {
+                (a.gets > 0).then(|| 1.0 - a.get_cursor_misses as f64 / a.gets as f64)
+            });
             let _ = writeln!(
                 o,
-                "           {:.1} % of lookups answered by the compressed layer",
-                100.0 * f
+                "           {:.1} % of lookups answered by the compressed layer, not the buffer{}",
+                100.0 * f,
+                cursor.map_or(String::new(), |c| format!(
+                    "; {:.1} % by the lookup cursor, with no search",
+                    100.0 * c
+                ))
             );
         }
         if let Some(a) = &self.mapping.learned {

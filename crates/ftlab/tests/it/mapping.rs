@@ -350,6 +350,45 @@ fn the_compressed_fraction_counts_gets_only() {
     );
 }
 
+/// The cursor's count: lookups of one run of consecutive PPNs, in order, search once (the span
+/// found holds the rest); lookups of pages that each map apart search every time, buffered or
+/// merged; the other lookups (updates, hints, checks) are not counted.
+#[test]
+fn the_cursor_counts_the_gets_it_did_not_answer() {
+    let misses = |t: &LearnedMapping| {
+        let a = t.learned_activity().expect("learned reports its activity");
+        (a.gets, a.get_cursor_misses)
+    };
+    for merged in [false, true] {
+        let mut t = LearnedMapping::new(1 << 16);
+        // One run (LPNs 0..2000 to PPNs 10_000..), then pages that each map apart (every
+        // third PPN).
+        for lpn in 0..2000 {
+            t.set(lpn, 10_000 + lpn);
+        }
+        for lpn in 4096..6096 {
+            t.set(lpn, 3 * lpn);
+        }
+        if merged {
+            t.compact();
+        }
+        // Not counted, and leave the cursor away from the run.
+        t.is_buffered(7);
+        t.get_uncounted(5000);
+        assert_eq!(misses(&t), (0, 0), "merged {merged}");
+        for lpn in 0..2000 {
+            assert_eq!(t.get(lpn), Some(10_000 + lpn));
+        }
+        assert_eq!(misses(&t), (2000, 1), "merged {merged}");
+        for lpn in 4096..6096 {
+            assert_eq!(t.get(lpn), Some(3 * lpn));
+        }
+        assert_eq!(misses(&t), (4000, 2001), "merged {merged}");
+        t.reset_activity();
+        assert_eq!(misses(&t), (0, 0));
+    }
+}
+
 /// The memory bar on the real traces (log-head PPNs, after compaction): the learned table
 /// is never larger than the extent map, at most 0.15 B per live mapping on rocksdb, at most 0.6x
 /// the extent map on pgbench; every table reads every mapping back.

@@ -369,6 +369,13 @@ pub struct LearnedActivity {
     pub counts: LearnedStats,
     /// LPNs whose latest update was still in the buffer as the run ended.
     pub buffered_entries: u64,
+    /// Lookups (`get`)...
+    pub gets: u64,
+    /// ...and those the lookup cursor (the span of consecutive PPNs the last lookup or update
+    /// found) did not answer: each tested the buffer's bits and, unless it followed on from
+    /// the last span, searched a blob. The cursor's hit rate is what sets the table's lookup
+    /// speed (docs/mapping.md).
+    pub get_cursor_misses: u64,
     /// Groups holding mappings, by encoding, as the run ended.
     pub groups: GroupEncodings,
 }
@@ -408,6 +415,8 @@ pub struct LearnedMapping {
     gets: Cell<u64>,
     /// Lookups the buffer answered (the rare case, so the common one writes one counter).
     buffered_gets: Cell<u64>,
+    /// Lookups the cursor (`span`) did not answer (counted on that slower path only).
+    get_cursor_misses: Cell<u64>,
     span: Cell<Span>,
     follow: Cell<Follow>,
     /// What the last lookup made for an update learned of its LPN's blob (`group::Lookup::room`):
@@ -443,6 +452,7 @@ impl LearnedMapping {
             buffer_live_shift: BUFFER_LIVE_DIVISOR.trailing_zeros(),
             gets: Cell::new(0),
             buffered_gets: Cell::new(0),
+            get_cursor_misses: Cell::new(0),
             span: Cell::new(Span::default()),
             follow: Cell::new(Follow::NONE),
             room_hint: Cell::new((0, group::NO_ROOM)),
@@ -481,6 +491,8 @@ impl LearnedMapping {
         LearnedActivity {
             counts: self.stats.clone(),
             buffered_entries: self.buffered_entries(),
+            gets: self.gets.get(),
+            get_cursor_misses: self.get_cursor_misses.get(),
             groups: GroupEncodings {
                 runs,
                 segments,
@@ -1200,7 +1212,15 @@ impl MappingTable for LearnedMapping {
     #[inline]
     fn get(&self, lpn: u32) -> Option<u32> {
         self.gets.set(self.gets.get() + 1);
-        let (ppn, buffered) = self.lookup(lpn);
+        // `lookup`, written out to count the cursor's misses on their own path.
+        let span = self.span.get();
+        let (ppn, buffered) = match span.get(lpn) {
+            Some(ppn) => (ppn, span.buffered),
+            None => {
+                self.get_cursor_misses.set(self.get_cursor_misses.get() + 1);
+                self.lookup_slow::<false>(lpn)
+            }
+        };
         if buffered {
             self.buffered_gets.set(self.buffered_gets.get() + 1);
         }
@@ -1357,6 +1377,7 @@ impl MappingTable for LearnedMapping {
         self.stats = LearnedStats::default();
         self.gets.set(0);
         self.buffered_gets.set(0);
+        self.get_cursor_misses.set(0);
     }
 
     fn compressed_get_fraction(&self) -> Option<f64> {
