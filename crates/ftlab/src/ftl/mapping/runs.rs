@@ -251,6 +251,7 @@ fn extend_into_next<R: Run>(runs: &mut Vec<R>, at: usize, key: u32, value: u32) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::SplitMix64;
     use std::collections::BTreeMap;
 
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -272,13 +273,8 @@ mod tests {
 
     #[test]
     fn searches_from_a_guess_agree_with_halving() {
-        let mut x = 3u64;
-        let mut next = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut rng = SplitMix64::new(3);
+        let mut next = |m: u64| rng.bounded(m);
         for n in [1usize, 2, 5, 33, 100, 700] {
             // Ascending starts below 4096, spread or bunched.
             let mut starts: Vec<u32> = (0..n)
@@ -310,12 +306,11 @@ mod tests {
     fn extending_at_the_last_run_written_is_what_assign_does() {
         // Runs that stay minimal have one form per mapping, so the lists must be equal.
         let (mut plain, mut fast): (Vec<R>, Vec<R>) = (Vec::new(), Vec::new());
-        let (mut cursor, mut key, mut value, mut x) = (0usize, 0u32, 0u32, 5u64);
+        let (mut cursor, mut key, mut value) = (0usize, 0u32, 0u32);
+        let mut rng = SplitMix64::new(5);
         let (mut extended, mut overwrote) = (0, 0);
         for step in 0..50_000u32 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            let x = rng.next_u64();
             // Mostly a stream writing on (over runs laid by earlier streams), sometimes a jump,
             // a value that breaks the stream, or a removal.
             let (k, v) = match (x >> 40) % 16 {
@@ -359,11 +354,9 @@ mod tests {
     fn matches_a_map_and_stays_minimal() {
         let mut runs: Vec<R> = Vec::new();
         let mut oracle = BTreeMap::new();
-        let mut x = 7u64;
+        let mut rng = SplitMix64::new(7);
         for step in 0..20_000u32 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            let x = rng.next_u64();
             let key = ((x >> 33) % 64) as u32;
             // Mostly values that continue a neighbour, so runs form and split.
             let value = match (x >> 20) % 4 {
