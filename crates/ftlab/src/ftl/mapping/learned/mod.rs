@@ -14,6 +14,7 @@
 //! Must not know: flash geometry beyond the LPN count, timing, or where PPNs come from.
 
 mod bits;
+mod cursor;
 mod delta_index;
 pub mod fit;
 pub mod group;
@@ -24,6 +25,7 @@ pub mod words;
 use super::runs::{self, Run};
 use super::MappingTable;
 use bits::{clear_around, is_buffered_bit, set_bit, set_bits, BufferedBits, BOUND_SCAN_WORDS};
+use cursor::{Follow, Span, SPAN_UNMAPPED};
 use delta_index::DeltaIndex;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
@@ -189,68 +191,6 @@ struct Delta {
     /// later (`WriteTimes`).
     since: u32,
     runs: Vec<DeltaRun>,
-}
-
-/// The last lookup's answer for a whole range of LPNs (`lo..lo + len` map to consecutive PPNs
-/// from `ppn_lo`, or are all unmapped), from the buffer or the compressed layer: sequential
-/// lookups and updates skip the searches. It caches what the table maps, so merges (which change
-/// the representation, not the mapping) leave it valid; an update of an LPN inside it trims it.
-#[derive(Clone, Copy, Debug, Default)]
-struct Span {
-    lo: u32,
-    len: u32,
-    ppn_lo: u32,
-    buffered: bool,
-}
-
-const SPAN_UNMAPPED: u32 = u32::MAX;
-
-/// Where the last span the compressed layer gave ended: the LPN after it, its place in the blob
-/// (`group::lookup_next`), and where the group's buffered runs after it begin. Forgotten by
-/// every write to the buffer and every merge; kept while a blob changes in place (its layout
-/// stays).
-#[derive(Clone, Copy, Debug)]
-struct Follow {
-    /// Never at a group's first offset, so 0 means none (forgetting writes just this).
-    lpn: u32,
-    at: group::Finger,
-    /// The group offset up to which the buffer holds nothing after `lpn` (`GROUP_LPNS`: to the
-    /// group's end): it bounds the span found there.
-    hi: u32,
-}
-
-impl Follow {
-    const NONE: Follow = Follow {
-        lpn: 0,
-        at: group::Finger::NONE,
-        hi: GROUP_LPNS as u32,
-    };
-}
-
-impl Span {
-    #[inline]
-    fn get(&self, lpn: u32) -> Option<Option<u32>> {
-        let d = lpn.wrapping_sub(self.lo);
-        (d < self.len).then(|| (self.ppn_lo != SPAN_UNMAPPED).then(|| self.ppn_lo + d))
-    }
-
-    /// Forgets `lpn` (about to change): keeps the part after it, or the part before it.
-    #[inline]
-    fn forget(&mut self, lpn: u32) {
-        let d = lpn.wrapping_sub(self.lo);
-        if d >= self.len {
-            return;
-        }
-        if d == 0 {
-            self.lo += 1;
-            self.len -= 1;
-            if self.ppn_lo != SPAN_UNMAPPED {
-                self.ppn_lo += 1;
-            }
-        } else {
-            self.len = d;
-        }
-    }
 }
 
 /// Working memory of merges, allocated per round of merges (not part of the table at rest).

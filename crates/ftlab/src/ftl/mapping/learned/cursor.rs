@@ -1,0 +1,71 @@
+//! The lookup cursor: the range of LPNs the last lookup or update resolved (`Span`), which
+//! answers sequential lookups and updates without a search, and where the last span the
+//! compressed layer gave ended (`Follow`), so that the lookup of the LPN right after it resumes
+//! there. `LearnedMapping` keeps one of each in a `Cell` (lookups take `&self`).
+
+use super::group;
+use super::GROUP_LPNS;
+
+/// The last lookup's answer for a whole range of LPNs (`lo..lo + len` map to consecutive PPNs
+/// from `ppn_lo`, or are all unmapped), from the buffer or the compressed layer: sequential
+/// lookups and updates skip the searches. It caches what the table maps, so merges (which change
+/// the representation, not the mapping) leave it valid; an update of an LPN inside it trims it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Span {
+    pub(super) lo: u32,
+    pub(super) len: u32,
+    pub(super) ppn_lo: u32,
+    pub(super) buffered: bool,
+}
+
+/// `Span::ppn_lo` of a span of unmapped LPNs.
+pub(super) const SPAN_UNMAPPED: u32 = u32::MAX;
+
+/// Where the last span the compressed layer gave ended: the LPN after it, its place in the blob
+/// (`group::lookup_next`), and where the group's buffered runs after it begin. Forgotten by
+/// every write to the buffer and every merge; kept while a blob changes in place (its layout
+/// stays).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Follow {
+    /// Never at a group's first offset, so 0 means none (forgetting writes just this).
+    pub(super) lpn: u32,
+    pub(super) at: group::Finger,
+    /// The group offset up to which the buffer holds nothing after `lpn` (`GROUP_LPNS`: to the
+    /// group's end): it bounds the span found there.
+    pub(super) hi: u32,
+}
+
+impl Follow {
+    pub(super) const NONE: Follow = Follow {
+        lpn: 0,
+        at: group::Finger::NONE,
+        hi: GROUP_LPNS as u32,
+    };
+}
+
+impl Span {
+    /// What `lpn` maps to (`Some(None)`: unmapped), if the span holds it.
+    #[inline]
+    pub(super) fn get(&self, lpn: u32) -> Option<Option<u32>> {
+        let d = lpn.wrapping_sub(self.lo);
+        (d < self.len).then(|| (self.ppn_lo != SPAN_UNMAPPED).then(|| self.ppn_lo + d))
+    }
+
+    /// Forgets `lpn` (about to change): keeps the part after it, or the part before it.
+    #[inline]
+    pub(super) fn forget(&mut self, lpn: u32) {
+        let d = lpn.wrapping_sub(self.lo);
+        if d >= self.len {
+            return;
+        }
+        if d == 0 {
+            self.lo += 1;
+            self.len -= 1;
+            if self.ppn_lo != SPAN_UNMAPPED {
+                self.ppn_lo += 1;
+            }
+        } else {
+            self.len = d;
+        }
+    }
+}
