@@ -279,9 +279,34 @@ pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
     if first != i || end - first != len || residual < 0 || residual >= 1 << word.width {
         return false;
     }
-    let joins_left = off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn);
-    let joins_right = off + len < GROUP_LPNS as u32
-        && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len));
+    // The neighbours' PPNs. Within the word they come from this word's record: the run is
+    // exactly `i..end`, so a mapped bit before it ends run `j - 1`, and one after it starts run
+    // `j + 1` (`ppn_of` would read the word again and count its starts twice more: most of an
+    // in-place GC move's instructions). At the word's edges, the next word holds them.
+    let joins_left = if i > 0 {
+        word.mapped >> (i - 1) & 1 != 0 && {
+            let left_first = 63 - (word.starts & (at_or_below(i) >> 1)).leading_zeros();
+            let left = word.run_ppn(b, j - 1).wrapping_add(i - 1 - left_first);
+            left.wrapping_add(1) == ppn
+        }
+    } else {
+        off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn)
+    };
+    let joins_right = if end < 64 {
+        word.mapped >> end & 1 != 0 && word.run_ppn(b, j + 1) == ppn.wrapping_add(len)
+    } else {
+        off + len < GROUP_LPNS as u32
+            && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len))
+    };
+    debug_assert_eq!(
+        joins_left,
+        off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn)
+    );
+    debug_assert_eq!(
+        joins_right,
+        off + len < GROUP_LPNS as u32
+            && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len))
+    );
     if joins_left || joins_right {
         return false;
     }
