@@ -103,23 +103,36 @@ pub fn write(runs: &[GroupRun], plan: &Plan, out: &mut Vec<u8>) {
         next += u64::from(plan.runs[w]) * u64::from(plan.width[w]);
     }
     debug_assert!(next < 1 << (64 - RES_SHIFT));
-    let (mut mapped, mut starts, mut count) = ([0u64; WORDS], [0u64; WORDS], [0u32; WORDS]);
+    let (mut mapped, mut starts) = ([0u64; WORDS], [0u64; WORDS]);
     // The residuals go into zeroed words by OR (no bit writer needed), copied out at the end.
     let mut residuals = vec![0u64; (next as usize).div_ceil(64) + 1];
+    // The pieces come in offset order, so one word's are consecutive: its bitmaps, base, width
+    // and next residual position stay in locals until the next word's begin (indexing the
+    // per-word arrays for each piece cost this function 9 % more instructions on pgbench).
+    let (mut cur, mut cur_mapped, mut cur_starts) = (usize::MAX, 0u64, 0u64);
+    let (mut base, mut width, mut at) = (0u32, 0u64, 0u64);
     for_each_piece(runs, |w, i, len, ppn| {
-        mapped[w] |= (u64::MAX >> (64 - len)) << i;
-        starts[w] |= 1 << i;
-        let width = u64::from(plan.width[w]);
+        if w != cur {
+            if cur != usize::MAX {
+                (mapped[cur], starts[cur]) = (cur_mapped, cur_starts);
+            }
+            (cur, cur_mapped, cur_starts) = (w, 0, 0);
+            (base, width, at) = (plan.base[w], u64::from(plan.width[w]), res_bit[w]);
+        }
+        cur_mapped |= (u64::MAX >> (64 - len)) << i;
+        cur_starts |= 1 << i;
         if width > 0 {
-            let r = u64::from(ppn - plan.base[w]);
-            let at = res_bit[w] + u64::from(count[w]) * width;
+            let r = u64::from(ppn - base);
             residuals[(at / 64) as usize] |= r << (at % 64);
             if at % 64 + width > 64 {
                 residuals[(at / 64) as usize + 1] |= r >> (64 - at % 64);
             }
+            at += width;
         }
-        count[w] += 1;
     });
+    if cur != usize::MAX {
+        (mapped[cur], starts[cur]) = (cur_mapped, cur_starts);
+    }
     for w in 0..WORDS {
         let at = WORDS_AT + WORD_BYTES * w;
         out[at..at + 8].copy_from_slice(&mapped[w].to_le_bytes());
