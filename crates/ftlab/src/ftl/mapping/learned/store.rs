@@ -133,7 +133,10 @@ impl GroupStore {
     }
 
     /// Group `g`'s blob (followed by at least `TAIL_PAD` readable bytes), if it has one.
-    #[inline]
+    /// Always inlined: left to the compiler it stayed a call from every lookup the cursor
+    /// misses and every GC move's prefetches (pgbench's trace-order lookups 107.4 M -> 106.2 M
+    /// instructions; the default job's simulation 39.25 G -> 38.88 G).
+    #[inline(always)]
     pub fn blob(&self, g: u32) -> Option<&[u8]> {
         let slot = self.slot(g);
         (slot != NONE).then(|| &self.arena[slot as usize * ALIGN..])
