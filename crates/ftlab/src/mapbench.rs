@@ -499,8 +499,7 @@ fn timed_phases<M: MappingTable>(
     let fraction = table.compressed_get_fraction();
     let cursor = table
         .learned_activity()
-        .filter(|a| a.gets > 0)
-        .map(|a| 1.0 - a.get_cursor_misses as f64 / a.gets as f64);
+        .and_then(|a| a.cursor_get_fraction());
     for _ in 1..LOOKUP_PASSES {
         get_s = get_s.min(pass(&ops.gets));
     }

@@ -554,9 +554,11 @@ impl Report {
             mib(self.mapping.ftl_metadata_bytes)
         );
         if let Some(f) = self.mapping.compressed_get_fraction {
-            let cursor = self.mapping.learned.as_ref().and_then(|a| {
-                (a.gets > 0).then(|| 1.0 - a.get_cursor_misses as f64 / a.gets as f64)
-            });
+            let cursor = self
+                .mapping
+                .learned
+                .as_ref()
+                .and_then(|a| a.cursor_get_fraction());
             let _ = writeln!(
                 o,
                 "           {:.1} % of lookups answered by the compressed layer, not the buffer{}",

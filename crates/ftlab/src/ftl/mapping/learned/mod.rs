@@ -240,6 +240,13 @@ pub struct LearnedActivity {
     pub groups: GroupEncodings,
 }
 
+impl LearnedActivity {
+    /// The fraction of lookups the cursor answered with no search; None before the first.
+    pub fn cursor_get_fraction(&self) -> Option<f64> {
+        (self.gets > 0).then(|| 1.0 - self.get_cursor_misses as f64 / self.gets as f64)
+    }
+}
+
 /// Groups by encoding (`group::Encoding`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GroupEncodings {

@@ -122,6 +122,7 @@ impl GroupStore {
         }
     }
 
+    /// `slot` in chunk `dir` at position `k` (any form; `slot` asks only for the others).
     #[inline(never)]
     fn slot_in(dir: &Dir, k: usize) -> u32 {
         match dir {
