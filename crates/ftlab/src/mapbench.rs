@@ -493,7 +493,9 @@ fn timed_phases<M: MappingTable>(
         for &lpn in lpns {
             black_box(table.get(black_box(lpn)));
         }
-        t.elapsed().as_secs_f64()
+        let s = t.elapsed().as_secs_f64();
+        table.note_gets(lpns.len() as u64);
+        s
     };
     let mut get_s = pass(&ops.gets);
     let fraction = table.compressed_get_fraction();

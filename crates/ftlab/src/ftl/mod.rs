@@ -264,6 +264,7 @@ impl<M: MappingTable> Ftl<M> {
             self.stats.buffer_read_hits += 1;
             return now_ns + self.host_page_ns;
         }
+        self.map.note_gets(1);
         match self.map.get(lpn) {
             Some(ppn) => {
                 self.stats.host_flash_read_pages += 1;
@@ -278,6 +279,7 @@ impl<M: MappingTable> Ftl<M> {
         self.stats.host_write_pages += 1;
         let mut ready_ns = now_ns;
         if partial && !self.buffer.contains(lpn) {
+            self.map.note_gets(1);
             if let Some(ppn) = self.map.get(lpn) {
                 // Read-modify-write: the untouched part of the page comes from flash.
                 self.stats.rmw_read_pages += 1;

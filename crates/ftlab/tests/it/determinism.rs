@@ -84,6 +84,15 @@ fn every_mapping_table_gives_the_flat_tables_results() {
                 .compressed_get_fraction
                 .expect("learned reports it");
             fractions.push(f);
+            // The FTL notes each lookup it makes (`note_gets`): one per host page read the
+            // write buffer did not answer (whole-page writes read nothing back).
+            let a = report.mapping.learned.as_ref().expect("learned's activity");
+            assert_eq!(
+                a.gets,
+                report.host_read_pages - report.counters.buffer_read_hits,
+                "learned's GETs against the FTL's host lookups"
+            );
+            assert!(a.get_cursor_misses <= a.gets && a.gets > 0, "{a:?}");
         }
         assert!(
             strip(report) == flat,

@@ -319,8 +319,8 @@ fn a_sequential_fill_costs_almost_nothing() {
 }
 
 /// The compressed fraction counts GETs only: none before the first (updates, prefetch hints and
-/// the FTL's checks look the table up too, and do not count), then what the buffer did not
-/// answer.
+/// the FTL's checks look the table up too, and do not count), then, once the caller has noted its
+/// GETs (`note_gets`), the share the buffer did not answer.
 #[test]
 fn the_compressed_fraction_counts_gets_only() {
     let mut t = LearnedMapping::new(1 << 16);
@@ -343,6 +343,7 @@ fn the_compressed_fraction_counts_gets_only() {
     for lpn in 0..1000 {
         assert_eq!(t.get(lpn), (lpn != 3).then_some(lpn + 5));
     }
+    t.note_gets(1000);
     let f = t.compressed_get_fraction().expect("after GETs");
     assert!(
         (f - (1.0 - buffered / 1000.0)).abs() < 1e-9,
@@ -379,10 +380,12 @@ fn the_cursor_counts_the_gets_it_did_not_answer() {
         for lpn in 0..2000 {
             assert_eq!(t.get(lpn), Some(10_000 + lpn));
         }
+        t.note_gets(2000);
         assert_eq!(misses(&t), (2000, 1), "merged {merged}");
         for lpn in 4096..6096 {
             assert_eq!(t.get(lpn), Some(3 * lpn));
         }
+        t.note_gets(2000);
         assert_eq!(misses(&t), (4000, 2001), "merged {merged}");
         t.reset_activity();
         assert_eq!(misses(&t), (0, 0));

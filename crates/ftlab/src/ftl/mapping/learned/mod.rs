@@ -229,7 +229,7 @@ pub struct LearnedActivity {
     pub counts: LearnedStats,
     /// LPNs whose latest update was still in the buffer as the run ended.
     pub buffered_entries: u64,
-    /// Lookups (`get`)...
+    /// Lookups (`get`), as the caller noted them (`MappingTable::note_gets`)...
     pub gets: u64,
     /// ...and those the lookup cursor (the span of consecutive PPNs the last lookup or update
     /// found) did not answer: each tested the buffer's bits and, unless it followed on from
@@ -279,6 +279,7 @@ pub struct LearnedMapping {
     /// The buffer may hold one in `2^this` live mappings (`BUFFER_LIVE_DIVISOR` unless set; a
     /// shift, as the bound is checked on every update that is not a stream's).
     buffer_live_shift: u32,
+    /// Lookups (`get`) the caller made, as `note_gets` was told.
     gets: Cell<u64>,
     /// Lookups the buffer answered (the rare case, so the common one writes one counter).
     buffered_gets: Cell<u64>,
@@ -355,6 +356,12 @@ impl LearnedMapping {
     /// The statistics and encodings as `LearnedActivity` (the report's form).
     pub fn activity(&self) -> LearnedActivity {
         let [runs, segments, words, patched] = self.encodings();
+        debug_assert!(
+            self.get_cursor_misses.get() <= self.gets.get(),
+            "{} cursor misses of {} GETs: a caller of `get` did not `note_gets`",
+            self.get_cursor_misses.get(),
+            self.gets.get()
+        );
         LearnedActivity {
             counts: self.stats.clone(),
             buffered_entries: self.buffered_entries(),
@@ -1078,8 +1085,8 @@ impl MappingTable for LearnedMapping {
 
     #[inline]
     fn get(&self, lpn: u32) -> Option<u32> {
-        self.gets.set(self.gets.get() + 1);
-        // `lookup`, written out to count the cursor's misses on their own path.
+        // `lookup`, written out to count the cursor's misses on their own path. The lookups
+        // themselves are the caller's to count (`note_gets`): a hit writes nothing.
         let span = self.span.get();
         let (ppn, buffered) = match span.get(lpn) {
             Some(ppn) => (ppn, span.buffered),
@@ -1247,9 +1254,16 @@ impl MappingTable for LearnedMapping {
         self.get_cursor_misses.set(0);
     }
 
+    #[inline]
+    fn note_gets(&self, n: u64) {
+        self.gets.set(self.gets.get() + n);
+    }
+
     fn compressed_get_fraction(&self) -> Option<f64> {
         let gets = self.gets.get();
-        (gets > 0).then(|| (gets - self.buffered_gets.get()) as f64 / gets as f64)
+        let buffered = self.buffered_gets.get();
+        debug_assert!(buffered <= gets, "{buffered} buffered of {gets} noted GETs");
+        (gets > 0).then(|| gets.saturating_sub(buffered) as f64 / gets as f64)
     }
 }
 
