@@ -296,6 +296,11 @@ pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
     // exactly `i..end`, so a mapped bit before it ends run `j - 1`, and one after it starts run
     // `j + 1` (`ppn_of` read the word again and counted its starts for each: a quarter of an
     // in-place move's instructions, 165 -> 125). At the word's edges, the next word holds them.
+    let left_by_search = || off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn);
+    let right_by_search = || {
+        off + len < GROUP_LPNS as u32
+            && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len))
+    };
     let joins_left = if i > 0 {
         word.mapped >> (i - 1) & 1 != 0 && {
             let left_first = 63 - (word.starts & (at_or_below(i) >> 1)).leading_zeros();
@@ -303,23 +308,15 @@ pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
             left.wrapping_add(1) == ppn
         }
     } else {
-        off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn)
+        left_by_search()
     };
     let joins_right = if end < 64 {
         word.mapped >> end & 1 != 0 && word.run_ppn(b, j + 1) == ppn.wrapping_add(len)
     } else {
-        off + len < GROUP_LPNS as u32
-            && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len))
+        right_by_search()
     };
-    debug_assert_eq!(
-        joins_left,
-        off > 0 && ppn_of(b, off - 1).is_some_and(|l| l.wrapping_add(1) == ppn)
-    );
-    debug_assert_eq!(
-        joins_right,
-        off + len < GROUP_LPNS as u32
-            && ppn_of(b, off + len).is_some_and(|r| r == ppn.wrapping_add(len))
-    );
+    debug_assert_eq!(joins_left, left_by_search());
+    debug_assert_eq!(joins_right, right_by_search());
     if joins_left || joins_right {
         return false;
     }
