@@ -37,6 +37,42 @@ fn trace_replay_is_deterministic() {
     assert_eq!(a, b);
 }
 
+/// The report without what a mapping table may change: its own section and its settings.
+fn without_mapping(r: ftlab::Report) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    v.as_object_mut().unwrap().remove("mapping");
+    let ftl = v["config"]["ftl"].as_object_mut().unwrap();
+    ftl.remove("mapping");
+    ftl.remove("learned_buffer_divisor");
+    v
+}
+
+/// Runs `sets` with the flat array and then with each `(table, buffer divisor)`: every report
+/// must be the flat one's apart from the mapping section. Returns the flat run's report and the
+/// learned runs' (in order).
+fn assert_lossless(sets: &[&str], tables: &[(&str, u32)]) -> (ftlab::Report, Vec<ftlab::Report>) {
+    let flat = run(&config("femu", sets));
+    let flat_stripped = without_mapping(flat.clone());
+    let mut learned = Vec::new();
+    for &(table, divisor) in tables {
+        let mut with = sets.to_vec();
+        let set = format!("ftl.mapping=\"{table}\"");
+        let set_divisor = format!("ftl.learned_buffer_divisor={divisor}");
+        with.push(&set);
+        with.push(&set_divisor);
+        let report = run(&config("femu", &with));
+        assert_eq!(report.mapping.table, table);
+        if table == "learned" {
+            learned.push(report.clone());
+        }
+        assert!(
+            without_mapping(report) == flat_stripped,
+            "{table} (buffer divisor {divisor}) changed the simulation of {sets:?}"
+        );
+    }
+    (flat, learned)
+}
+
 /// The learned, extent and hash tables are lossless: a simulation with any of them reports exactly
 /// what the flat array's does (GC, WAF, latencies), only the mapping section differs.
 #[test]
@@ -52,52 +88,33 @@ fn every_mapping_table_gives_the_flat_tables_results() {
         "workload.precondition=true",
         "ftl.write_buffer_mib=1",
     ];
-    let strip = |r: ftlab::Report| {
-        let mut v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
-        v.as_object_mut().unwrap().remove("mapping");
-        let ftl = v["config"]["ftl"].as_object_mut().unwrap();
-        ftl.remove("mapping");
-        ftl.remove("learned_buffer_divisor");
-        v
-    };
-    let flat = run(&config("femu", &sets));
-    assert!(flat.gc.write_pages > 0, "the comparison must include GC");
-    let flat = strip(flat);
-    let mut fractions = Vec::new();
     // The learned table also with a buffer as large as the live mappings (divisor 1).
-    for (table, divisor) in [
-        ("learned", 16),
-        ("learned", 1),
-        ("extent", 16),
-        ("hash", 16),
-    ] {
-        let mut with = sets.to_vec();
-        let set = format!("ftl.mapping=\"{table}\"");
-        let set_divisor = format!("ftl.learned_buffer_divisor={divisor}");
-        with.push(&set);
-        with.push(&set_divisor);
-        let report = run(&config("femu", &with));
-        assert_eq!(report.mapping.table, table);
-        if table == "learned" {
-            let f = report
-                .mapping
-                .compressed_get_fraction
-                .expect("learned reports it");
-            fractions.push(f);
-            // The FTL notes each lookup it makes (`note_gets`): one per host page read the
-            // write buffer did not answer (whole-page writes read nothing back).
-            let a = report.mapping.learned.as_ref().expect("learned's activity");
-            assert_eq!(
-                a.gets,
-                report.host_read_pages - report.counters.buffer_read_hits,
-                "learned's GETs against the FTL's host lookups"
-            );
-            assert!(a.get_cursor_misses <= a.gets && a.gets > 0, "{a:?}");
-        }
-        assert!(
-            strip(report) == flat,
-            "{table} (buffer divisor {divisor}) changed the simulation"
+    let (flat, learned) = assert_lossless(
+        &sets,
+        &[
+            ("learned", 16),
+            ("learned", 1),
+            ("extent", 16),
+            ("hash", 16),
+        ],
+    );
+    assert!(flat.gc.write_pages > 0, "the comparison must include GC");
+    let mut fractions = Vec::new();
+    for report in &learned {
+        let f = report
+            .mapping
+            .compressed_get_fraction
+            .expect("learned reports it");
+        fractions.push(f);
+        // The FTL notes each lookup it makes (`note_gets`): one per host page read the
+        // write buffer did not answer (whole-page writes read nothing back).
+        let a = report.mapping.learned.as_ref().expect("learned's activity");
+        assert_eq!(
+            a.gets,
+            report.host_read_pages - report.counters.buffer_read_hits,
+            "learned's GETs against the FTL's host lookups"
         );
+        assert!(a.get_cursor_misses <= a.gets && a.gets > 0, "{a:?}");
     }
     // More lookups answered by the larger buffer, and most by the compressed layer by default.
     assert!(
@@ -106,6 +123,46 @@ fn every_mapping_table_gives_the_flat_tables_results() {
         fractions[0]
     );
     assert!(fractions[1] < fractions[0], "{fractions:?}");
+}
+
+/// The same with what that job leaves out: several write streams (by temperature, GC with a
+/// frontier of its own) and large requests; and a replayed trace, whose trims the tables take
+/// as removals, on a device small enough that GC moves pages.
+#[test]
+fn every_mapping_table_gives_the_flat_tables_results_with_streams_and_trims() {
+    let (flat, _) = assert_lossless(
+        &[
+            "flash.blocks_per_die=16",
+            "flash.superblock_dies=1",
+            "capacity.over_provisioning=0.15",
+            "workload.kind=hotcold",
+            "workload.requests=60000",
+            "workload.request_size_bytes=16384",
+            "workload.read_pcent=30",
+            "workload.precondition=true",
+            "ftl.streams=4",
+            "workload.stream_by_temperature=true",
+            "ftl.gc_separate_frontier=true",
+            "ftl.write_buffer_mib=2",
+        ],
+        &[("learned", 16), ("extent", 16), ("hash", 16)],
+    );
+    assert!(flat.gc.write_pages > 0, "the comparison must include GC");
+    let t = trace("rocksdb.nbdlog.gz");
+    let set = format!("workload.trace=\"{}\"", t.display());
+    let (flat, _) = assert_lossless(
+        &[
+            set.as_str(),
+            "workload.precondition=false",
+            "capacity.logical_bytes=3221225472",
+            "flash.blocks_per_die=56",
+        ],
+        &[("learned", 16), ("extent", 16), ("hash", 16)],
+    );
+    assert!(
+        flat.host_trim_pages > 0 && flat.gc.write_pages > 0,
+        "the replay must trim and move pages"
+    );
 }
 
 /// The report's `mapping.learned` counts the measured phase only (the table's counts start over
