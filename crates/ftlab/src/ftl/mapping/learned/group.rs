@@ -1014,7 +1014,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     // another encoding, which its run list bounds (a sequentially written range with many pages
     // rewritten). Trying wherever outliers showed patched a tenth off most of a GC-heavy
     // simulation's words groups at each merge, which its random writes soon undid: 0.02 % of the
-    // table at the end, for 19 % more instructions (docs/mapping.md, "Outliers").
+    // table at the end, for 19 % more instructions (docs/mapping-log.md, "Outliers").
     let (runs_saved, pages) = s.outliers;
     let worth_trying = if encoding(&s.out) == Encoding::Words {
         let line_runs = runs.len().saturating_sub(runs_saved);

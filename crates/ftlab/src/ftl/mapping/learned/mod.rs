@@ -660,7 +660,7 @@ impl LearnedMapping {
     /// Buffers `lpn -> value` if it continues the last buffered write (`Tail`), which it
     /// lengthens by one without reading it; false, changing nothing, otherwise. (Reading the run
     /// back to check it, as `extend_cursor` does, cost streams of updates a quarter more
-    /// instructions: docs/mapping.md.) For the slow paths, which have flushed the tail and check
+    /// instructions: docs/mapping-log.md.) For the slow paths, which have flushed the tail and check
     /// the bound themselves; `set` and `remove` use `defer_tail`.
     #[inline(always)]
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
@@ -1190,7 +1190,7 @@ impl MappingTable for LearnedMapping {
         // group, a few KiB (cached) on the simulator's devices.
         // Prefetching the buffered runs' first search positions too gained nothing measurable
         // in `ftlab sim --set ftl.mapping=learned`, for GC moves or host requests (the probe to
-        // find them waits on memory itself: docs/mapping.md).
+        // find them waits on memory itself: docs/mapping-log.md).
         if let Some(blob) = self.groups.blob(lpn >> GROUP_SHIFT) {
             group::prefetch(blob, lpn & OFFSET_MASK);
         }
