@@ -92,7 +92,19 @@ fn wall_clock_ns(date: &str, time: &str) -> Result<u64, FieldError> {
         return Err(bad_time());
     }
     let days = days_from_civil(y as i64, m as i64, day as i64) as u64;
-    Ok(((days * 24 + h) * 60 + min) * 60_000_000_000 + sec_ns)
+    // Nanoseconds since 1970 fit in a u64 until mid-2554; a later date would wrap.
+    ((days * 24 + h) * 60 + min)
+        .checked_mul(60_000_000_000)
+        .and_then(|ns| ns.checked_add(sec_ns))
+        .ok_or_else(|| {
+            FieldError::new(
+                "date",
+                format!(
+                    "`{}` is too late: nanoseconds since 1970 fit in 64 bits until 2554",
+                    clip(date)
+                ),
+            )
+        })
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`);
@@ -186,6 +198,20 @@ mod tests {
                 .field,
             "date"
         );
+    }
+
+    /// Found by the fuzzer (`parse_nbdkit` with debug assertions): a date past 2554 overflowed
+    /// the nanosecond count (a panic in debug builds, a wrapped time in release).
+    #[test]
+    fn dates_past_the_nanosecond_range_are_errors() {
+        let line = |date: &str| {
+            format!("{date} 23:01:34.1 connection=1 Write id=2 offset=0x0 count=0x1000")
+        };
+        assert!(parse(&line("2554-01-01")).unwrap().is_some());
+        let e = parse(&line("2555-01-01")).unwrap_err();
+        assert_eq!(e.field, "date", "{e:?}");
+        assert_eq!(parse(&line("2620-11-2")).unwrap_err().field, "date");
+        assert_eq!(parse(&line("9999-12-31")).unwrap_err().field, "date");
     }
 
     #[test]
