@@ -16,6 +16,13 @@ pub trait Run: Copy {
     fn advance(value: u32, by: u32) -> u32 {
         value.wrapping_add(by)
     }
+    /// Whether `next` continues a run whose key `by` keys back holds `value` (so that the two
+    /// coalesce). A run kind with a sentinel value overrides it: `advance` alone cannot tell a
+    /// sentinel from the value after the last one.
+    #[inline]
+    fn continues(value: u32, by: u32, next: u32) -> bool {
+        Self::advance(value, by) == next
+    }
 }
 
 #[inline]
@@ -165,11 +172,11 @@ pub fn assign_at<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> (Op
     if let Some(v) = value {
         let joins_left = at > 0 && {
             let l = &runs[at - 1];
-            end(l) == u64::from(key) && R::advance(l.value(), l.len()) == v
+            end(l) == u64::from(key) && R::continues(l.value(), l.len(), v)
         };
         let joins_right = at < runs.len() && {
             let r = &runs[at];
-            u64::from(r.start()) == u64::from(key) + 1 && R::advance(v, 1) == r.value()
+            u64::from(r.start()) == u64::from(key) + 1 && R::continues(v, 1, r.value())
         };
         match (joins_left, joins_right) {
             (true, true) => {
@@ -203,7 +210,7 @@ pub fn assign_at<R: Run>(runs: &mut Vec<R>, key: u32, value: Option<u32>) -> (Op
 #[inline(always)]
 pub fn extend_at<R: Run>(runs: &mut Vec<R>, at: usize, key: u32, value: u32) -> Option<bool> {
     let r = *runs.get(at)?;
-    if end(&r) != u64::from(key) || R::advance(r.value(), r.len()) != value {
+    if end(&r) != u64::from(key) || !R::continues(r.value(), r.len(), value) {
         return None;
     }
     // Runs are disjoint, so the next starts at `key` or after it. Only when it starts at `key`
@@ -236,7 +243,7 @@ fn extend_into_next<R: Run>(runs: &mut Vec<R>, at: usize, key: u32, value: u32) 
     }
     // What follows may now continue the run: coalesce, as `assign` would.
     if let Some(&next) = runs.get(at + 1) {
-        if next.start() == key + 1 && R::advance(value, 1) == next.value() {
+        if next.start() == key + 1 && R::continues(value, 1, next.value()) {
             len += next.len();
             runs.remove(at + 1);
         }

@@ -61,7 +61,10 @@ pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 #[derive(Clone, Copy, Debug)]
 struct Tail {
     lpn: u32,
-    value: u32,
+    /// The value that continues the run (`tail_key`): one more than its last PPN, or
+    /// `TRIM_KEY` for a run of trims. 64 bits, because a run ending at the last valid PPN
+    /// (`u32::MAX - 1`) is continued by no u32, while `u32::MAX` is the tombstone.
+    value: u64,
     bound: u32,
     d: u32,
     at: u32,
@@ -73,10 +76,16 @@ struct Tail {
 }
 
 impl Tail {
-    /// Whether writing `value` to `lpn` lengthens the tail's run by one.
+    /// Whether writing `value` (`tail_key`) to `lpn` lengthens the tail's run by one.
     #[inline(always)]
-    fn continued_by(&self, lpn: u32, value: u32) -> bool {
+    fn continued_by(&self, lpn: u32, value: u64) -> bool {
         lpn == self.lpn && value == self.value && lpn < self.bound
+    }
+
+    /// What continues a run whose next key holds `value` (`Tail::value`).
+    #[inline(always)]
+    fn next_key(value: u64) -> u64 {
+        value + u64::from(value != TRIM_KEY)
     }
 
     /// Continues nothing (`lpn < bound` never holds).
@@ -89,6 +98,30 @@ impl Tail {
         pending: 0,
         budget: 0,
     };
+}
+
+/// `Tail::value` of a run of trims: above every u32, so that no PPN continues it (and -1, an
+/// immediate x86-64 can compare and store in one instruction, where 2^32 takes two).
+const TRIM_KEY: u64 = u64::MAX;
+
+/// A buffered value as `Tail` compares it: a PPN as itself, a trim (`TOMBSTONE`) as `TRIM_KEY`.
+#[inline(always)]
+fn tail_key(value: u32) -> u64 {
+    if value == TOMBSTONE {
+        TRIM_KEY
+    } else {
+        u64::from(value)
+    }
+}
+
+/// `Tail::value` after run `r`: what continues it.
+#[inline]
+fn run_end_key(r: &DeltaRun) -> u64 {
+    if r.ppn == TOMBSTONE {
+        TRIM_KEY
+    } else {
+        u64::from(r.ppn) + u64::from(r.len)
+    }
 }
 
 /// The fewest runs a delta's list grows by (see `write_delta_slow`).
@@ -130,6 +163,16 @@ impl Run for DeltaRun {
             TOMBSTONE
         } else {
             value + by
+        }
+    }
+    /// A trim continues only trims, and a PPN only PPNs: a run ending at the last valid PPN
+    /// (`u32::MAX - 1`) advances to `u32::MAX`, which is the tombstone, not its next PPN.
+    #[inline]
+    fn continues(value: u32, by: u32, next: u32) -> bool {
+        if value == TOMBSTONE {
+            next == TOMBSTONE
+        } else {
+            next != TOMBSTONE && u64::from(value) + u64::from(by) == u64::from(next)
         }
     }
 }
@@ -666,14 +709,15 @@ impl LearnedMapping {
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
         let t = self.tail;
         debug_assert_eq!(t.pending, 0);
-        if !t.continued_by(lpn, value) {
+        let key = tail_key(value);
+        if !t.continued_by(lpn, key) {
             return false;
         }
         let delta = &mut self.deltas[t.d as usize];
         let r = &mut delta.runs[t.at as usize];
         debug_assert_eq!(
             (t.lpn & OFFSET_MASK, t.value),
-            (r.start() + r.len(), DeltaRun::advance(r.ppn, r.len()))
+            (r.start() + r.len(), run_end_key(r))
         );
         r.len += 1;
         delta.entries += 1;
@@ -683,30 +727,31 @@ impl LearnedMapping {
             lpn & OFFSET_MASK,
             true,
         );
-        self.step_tail(lpn, value);
+        self.step_tail(lpn, key);
         true
     }
 
     /// `extend_tail` for `set` and `remove`: the run and the counts are written by
     /// `flush_tail`, and no merge is due (`budget`). False, changing nothing, where it does not
-    /// apply.
+    /// apply. `key` is `tail_key` of the value: `set` passes its PPN, `remove` `TRIM_KEY`, each
+    /// a constant case once inlined.
     #[inline(always)]
-    fn defer_tail(&mut self, lpn: u32, value: u32) -> bool {
+    fn defer_tail(&mut self, lpn: u32, key: u64) -> bool {
         let t = &mut self.tail;
-        if !t.continued_by(lpn, value) || t.pending >= t.budget {
+        if !t.continued_by(lpn, key) || t.pending >= t.budget {
             return false;
         }
         t.pending += 1;
-        self.step_tail(lpn, value);
+        self.step_tail(lpn, key);
         true
     }
 
-    /// The tail now ends after `lpn` (just appended, holding `value`); the cursor and the
+    /// The tail now ends after `lpn` (just appended, holding `key`); the cursor and the
     /// follow-on position no longer hold for it.
     #[inline(always)]
-    fn step_tail(&mut self, lpn: u32, value: u32) {
+    fn step_tail(&mut self, lpn: u32, key: u64) {
         self.tail.lpn += 1;
-        self.tail.value = DeltaRun::advance(value, 1);
+        self.tail.value = Tail::next_key(key);
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
     }
@@ -745,9 +790,9 @@ impl LearnedMapping {
         }
         t.pending = 0;
         t.budget -= pending;
-        if self.write_times.on && t.value != TOMBSTONE {
-            // The deferred appends were PPNs `value - pending .. value`.
-            let (first, last) = (t.value - pending, t.value - 1);
+        if self.write_times.on && t.value != TRIM_KEY {
+            // The deferred appends were PPNs `value - pending .. value` (all below u32::MAX).
+            let (first, last) = ((t.value - u64::from(pending)) as u32, (t.value - 1) as u32);
             let now = self.tick(pending);
             self.write_times.note(first, last, now);
         }
@@ -797,7 +842,7 @@ impl LearnedMapping {
         self.tail = match delta.runs.get(at) {
             Some(r) => Tail {
                 lpn: group_lpn + r.start() + r.len(),
-                value: DeltaRun::advance(r.ppn, r.len()),
+                value: run_end_key(r),
                 // A next run starts after `r`'s start, so at 1 or later.
                 bound: group_lpn
                     + delta
@@ -1112,7 +1157,7 @@ impl MappingTable for LearnedMapping {
         // place would keep the group's old layout (that path is for random overwrites).
         let span = self.span.get();
         if let Some(old) = span.get(lpn) {
-            if old != Some(ppn) && self.defer_tail(lpn, ppn) {
+            if old != Some(ppn) && self.defer_tail(lpn, u64::from(ppn)) {
                 self.live += u64::from(old.is_none());
                 return old;
             }
@@ -1155,7 +1200,7 @@ impl MappingTable for LearnedMapping {
         let span = self.span.get();
         if let Some(old) = span.get(lpn) {
             let old = old?;
-            if !span.buffered && self.defer_tail(lpn, TOMBSTONE) {
+            if !span.buffered && self.defer_tail(lpn, TRIM_KEY) {
                 self.live -= 1;
                 return Some(old);
             }
@@ -1271,6 +1316,42 @@ impl MappingTable for LearnedMapping {
 mod tests {
     use super::*;
     use crate::ftl::mapping::oracle;
+
+    /// The last valid PPN (`u32::MAX - 1`) ends a buffered run whose next value would be
+    /// `u32::MAX`, the buffer's tombstone: a trim of the next LPN must not lengthen that run as
+    /// if it continued it (found by the `mapping_tables` fuzz target with debug assertions, as
+    /// an overflow once such a run grew past `u32::MAX`).
+    #[test]
+    fn a_run_ending_at_the_last_ppn_is_not_continued_by_a_trim() {
+        let last = TOMBSTONE - 1;
+        for via_tail in [true, false] {
+            let mut t = LearnedMapping::new(GROUP_LPNS as u64);
+            for lpn in 0..8 {
+                t.set(lpn, 1000 + lpn);
+            }
+            t.compact();
+            // LPNs 5 and 6 map to 1005 and 1006 in the blob; 5 is rewritten to the last PPN.
+            assert_eq!(t.set(5, last), Some(1005));
+            if !via_tail {
+                // Another write in between: the trim below takes the general path.
+                t.set(2, 7);
+            }
+            assert_eq!(t.remove(6), Some(1006));
+            assert_eq!(
+                (t.get(5), t.get(6), t.get(7)),
+                (Some(last), None, Some(1007))
+            );
+            t.assert_buffer_counts();
+            // Written after the trim, 6 takes a value again.
+            assert_eq!(t.set(6, 3), None);
+            t.compact();
+            assert_eq!(
+                (t.get(5), t.get(6), t.get(7)),
+                (Some(last), Some(3), Some(1007))
+            );
+            assert_eq!(t.live_mappings(), 8);
+        }
+    }
 
     /// The buffer's clock restarts before it would wrap (here pushed close to that every 20 K
     /// host writes): every answer stays right (debug builds check each skipped search), and
