@@ -44,6 +44,13 @@ enum Pattern {
         lpn: u32,
         count: u32,
     },
+    /// `count` pages from `lpn` mapped to the last PPNs (ending at `u32::MAX - 1`, the tables'
+    /// largest), then the next `trims` pages trimmed: a run whose next PPN would be `u32::MAX`.
+    TopPpns {
+        lpn: u32,
+        count: u32,
+        trims: u32,
+    },
     /// A sequential write of `count` pages, then `overwrites` of them (one or two pages at a
     /// time) written again at the log head: a line with outliers (`learned/patches.rs`).
     Aged {
@@ -69,6 +76,7 @@ fn pattern() -> impl Strategy<Value = Pattern> {
         4 => (0..LPNS).prop_map(|lpn| Pattern::Random { lpn }),
         1 => (0..LPNS, 0..u32::MAX).prop_map(|(lpn, ppn)| Pattern::RandomPpn { lpn, ppn }),
         2 => (0..LPNS, 1..2500u32).prop_map(|(lpn, count)| Pattern::Trim { lpn, count }),
+        1 => (0..LPNS, 1..64u32, 0..4u32).prop_map(|(lpn, count, trims)| Pattern::TopPpns { lpn, count, trims }),
         2 => (0..LPNS, 1..3000u32, any::<u64>()).prop_map(|(lpn, count, seed)| Pattern::Recycled { lpn, count, seed }),
         2 => (0..LPNS, 2..5000u32, 1..200u32, any::<u64>()).prop_map(|(lpn, count, overwrites, seed)| Pattern::Aged { lpn, count, overwrites, seed }),
     ]
@@ -107,6 +115,15 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
             Pattern::RandomPpn { lpn, ppn } => ops.push((lpn, Some(ppn))),
             Pattern::Trim { lpn, count } => {
                 for l in lpn..(lpn + count).min(LPNS) {
+                    ops.push((l, None));
+                }
+            }
+            Pattern::TopPpns { lpn, count, trims } => {
+                let end = (lpn + count).min(LPNS);
+                for l in lpn..end {
+                    ops.push((l, Some(u32::MAX - 1 - (end - 1 - l))));
+                }
+                for l in end..(end + trims).min(LPNS) {
                     ops.push((l, None));
                 }
             }
