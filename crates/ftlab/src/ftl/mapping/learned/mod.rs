@@ -82,12 +82,6 @@ impl Tail {
         lpn == self.lpn && value == self.value && lpn < self.bound
     }
 
-    /// What continues a run whose next key holds `value` (`Tail::value`).
-    #[inline(always)]
-    fn next_key(value: u64) -> u64 {
-        value + u64::from(value != TRIM_KEY)
-    }
-
     /// Continues nothing (`lpn < bound` never holds).
     const NONE: Tail = Tail {
         lpn: 0,
@@ -104,7 +98,9 @@ impl Tail {
 /// immediate x86-64 can compare and store in one instruction, where 2^32 takes two).
 const TRIM_KEY: u64 = u64::MAX;
 
-/// A buffered value as `Tail` compares it: a PPN as itself, a trim (`TOMBSTONE`) as `TRIM_KEY`.
+/// A buffered value as a key that cannot collide: a PPN as itself, a trim (`TOMBSTONE`) as
+/// `TRIM_KEY`. `Tail` keeps what continues its run this way, and `DeltaRun::continues` compares
+/// this way.
 #[inline(always)]
 fn tail_key(value: u32) -> u64 {
     if value == TOMBSTONE {
@@ -114,14 +110,20 @@ fn tail_key(value: u32) -> u64 {
     }
 }
 
+/// The key `by` LPNs after one holding `key` in the same run: PPNs count up, trims stay trims.
+#[inline(always)]
+fn key_after(key: u64, by: u32) -> u64 {
+    if key == TRIM_KEY {
+        key
+    } else {
+        key + u64::from(by)
+    }
+}
+
 /// `Tail::value` after run `r`: what continues it.
 #[inline]
 fn run_end_key(r: &DeltaRun) -> u64 {
-    if r.ppn == TOMBSTONE {
-        TRIM_KEY
-    } else {
-        u64::from(r.ppn) + u64::from(r.len)
-    }
+    key_after(tail_key(r.ppn), r.len())
 }
 
 /// The fewest runs a delta's list grows by (see `write_delta_slow`).
@@ -169,11 +171,7 @@ impl Run for DeltaRun {
     /// (`u32::MAX - 1`) advances to `u32::MAX`, which is the tombstone, not its next PPN.
     #[inline]
     fn continues(value: u32, by: u32, next: u32) -> bool {
-        if value == TOMBSTONE {
-            next == TOMBSTONE
-        } else {
-            next != TOMBSTONE && u64::from(value) + u64::from(by) == u64::from(next)
-        }
+        key_after(tail_key(value), by) == tail_key(next)
     }
 }
 
@@ -751,7 +749,7 @@ impl LearnedMapping {
     #[inline(always)]
     fn step_tail(&mut self, lpn: u32, key: u64) {
         self.tail.lpn += 1;
-        self.tail.value = Tail::next_key(key);
+        self.tail.value = key_after(key, 1);
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
     }
