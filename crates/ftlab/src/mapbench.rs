@@ -758,7 +758,7 @@ pub fn markdown(b: &MapBench) -> String {
     for t in &b.tables {
         let _ = writeln!(
             o,
-            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {:.3} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} |",
             t.name,
             t.total_ms,
             cell(t.get_mops, 1, ""),
@@ -771,7 +771,12 @@ pub fn markdown(b: &MapBench) -> String {
             t.bytes,
             t.allocator_bytes
                 .map_or_else(|| "-".into(), |a| a.to_string()),
-            t.bytes_per_live_mapping,
+            // A table's fixed bytes over no mappings is no figure (the JSON keeps 0).
+            cell(
+                (b.live_mappings != 0).then_some(t.bytes_per_live_mapping),
+                3,
+                ""
+            ),
             if t.lossless_verified { "yes" } else { "NO" }
         );
     }

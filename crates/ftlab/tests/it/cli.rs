@@ -217,6 +217,12 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
     );
     // Nor SET percentiles (printed `- / -`), where the GET phase has its own.
     assert!(stdout.contains(" | - / - | "), "{stdout}");
+    // Nor bytes per live mapping: a table's fixed bytes over no mappings is no figure.
+    let learned = stdout
+        .lines()
+        .find(|l| l.starts_with("| learned | "))
+        .unwrap();
+    assert!(learned.ends_with(" | - | yes |"), "{learned}");
     let r = crate::support::read_json(&json);
     let ratios = &r["tables"][1]["vs_flat_u64"];
     assert!(ratios["get"].as_f64().unwrap() > 0.0, "{ratios}");
