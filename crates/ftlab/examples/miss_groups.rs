@@ -1,0 +1,99 @@
+//! Where the learned table's lookup cursor misses, for docs/mapping-log.md ("More lookup
+//! cursors", "Where the cursor's misses land"): a trace's lookups in order over its final mapping
+//! (log-head PPNs), a miss wherever a lookup leaves the run of the lookup before (a maximal range
+//! of consecutive PPNs, or of unmapped LPNs, within one 4096-LPN group: the table's spans are
+//! these or shorter). For k = 1, 2, 4, 8, 16 it counts the misses that a list of the k most
+//! recently used runs would still miss, and the misses that land in one of the k groups of the
+//! misses before.
+//!
+//! ```text
+//! cargo build --release --example miss_groups
+//! target/release/examples/miss_groups ../shared/traces/files.nbdlog.gz
+//! ```
+
+use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
+use std::path::Path;
+
+const GROUP_SHIFT: u32 = 12;
+const KS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Moves `key` to the front of the most-recently-used list `mru`; returns its place before, if
+/// it was there.
+fn touch(mru: &mut Vec<u32>, key: u32) -> Option<usize> {
+    let at = mru.iter().position(|&k| k == key);
+    if let Some(i) = at {
+        mru.remove(i);
+    }
+    mru.insert(0, key);
+    mru.truncate(KS[KS.len() - 1]);
+    at
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(trace) = std::env::args().nth(1) else {
+        eprintln!("usage: miss_groups TRACE (any format `ftlab sim` reads)");
+        std::process::exit(2);
+    };
+    let ops = ops_from_trace(Path::new(&trace), None, None, PpnSource::LogHead)?;
+    // The final mapping, as a plain array (the oracle every table is checked against).
+    let mut map = vec![REMOVE; ops.logical_pages as usize];
+    for &(lpn, ppn) in &ops.updates {
+        map[lpn as usize] = ppn;
+    }
+    // Each LPN's run, named by its first LPN, in one pass.
+    let mut run_of = vec![0u32; map.len()];
+    for lpn in 0..map.len() {
+        let continues = lpn % (1 << GROUP_SHIFT) != 0
+            && match (map[lpn - 1], map[lpn]) {
+                (REMOVE, REMOVE) => true,
+                (REMOVE, _) | (_, REMOVE) => false,
+                (before, ppn) => before.wrapping_add(1) == ppn,
+            };
+        run_of[lpn] = if continues {
+            run_of[lpn - 1]
+        } else {
+            lpn as u32
+        };
+    }
+    let (mut misses, mut run_misses, mut group_hits) = (0u64, [0u64; KS.len()], [0u64; KS.len()]);
+    let (mut runs, mut groups) = (Vec::new(), Vec::new());
+    let mut last_run = u32::MAX;
+    for &lpn in &ops.gets {
+        let run = run_of[lpn as usize];
+        if run == last_run {
+            continue;
+        }
+        last_run = run;
+        misses += 1;
+        let run_at = touch(&mut runs, run);
+        let group_at = touch(&mut groups, lpn >> GROUP_SHIFT);
+        for (i, &k) in KS.iter().enumerate() {
+            run_misses[i] += u64::from(run_at.is_none_or(|at| at >= k));
+            group_hits[i] += u64::from(group_at.is_some_and(|at| at < k));
+        }
+    }
+    let live_groups = {
+        let mut g: Vec<u32> = (0..map.len())
+            .filter(|&l| map[l] != REMOVE)
+            .map(|l| (l >> GROUP_SHIFT) as u32)
+            .collect();
+        g.dedup();
+        g.len()
+    };
+    let pct = |n: u64| 100.0 * n as f64 / misses.max(1) as f64;
+    println!(
+        "{trace}: {} lookups, {misses} leave the run before; groups with live mappings: {live_groups}",
+        ops.gets.len()
+    );
+    println!("| k | misses with k recent runs | misses in one of the k groups before |");
+    println!("|---:|---:|---:|");
+    for (i, k) in KS.iter().enumerate() {
+        println!(
+            "| {k} | {} | {} ({:.1} %) |",
+            run_misses[i],
+            group_hits[i],
+            pct(group_hits[i])
+        );
+    }
+    Ok(())
+}
