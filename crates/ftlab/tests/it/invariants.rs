@@ -1,6 +1,7 @@
 //! Property tests: random writes, trims, reads and flushes on small devices of many shapes; after
 //! every operation the FTL's invariants hold, and which LPNs hold data matches a HashMap oracle.
 
+use crate::support::cases;
 use ftlab::config::ConfigBuilder;
 use ftlab::ftl::mapping::FlatMapping;
 use ftlab::ftl::Ftl;
@@ -56,14 +57,6 @@ fn shape() -> impl Strategy<Value = Shape> {
                 rho,
             },
         )
-}
-
-/// `PROPTEST_CASES` raises the case count for a long local run; CI uses the defaults here.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 const BLOCKS_PER_DIE: u32 = 24;

@@ -3,6 +3,7 @@
 //! learned table runs with a tiny buffer so that it merges often, and after every merge every
 //! LPN the buffer does not hold is read back from the compressed layer itself.
 
+use crate::support::cases;
 use ftlab::ftl::mapping::learned::{BUFFER_LIVE_DIVISOR, GROUP_LPNS};
 use ftlab::ftl::mapping::{oracle, LearnedMapping, MappingTable};
 use proptest::prelude::*;
@@ -178,7 +179,7 @@ fn real_updates() -> &'static [Vec<(u32, u32)>] {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
 
     /// Trace-shaped sequences: a window of a real trace's updates (writes in runs, trims of
     /// whole files, rewrites), its LPNs folded into the small test space.

@@ -1,6 +1,7 @@
 //! The compressed page store against a HashMap oracle, under every codec, with batches, trims,
 //! compaction, dictionary retraining and concurrent writers.
 
+use crate::support::cases;
 use ftlab::rng::SplitMix64;
 use ftlab::store::codec::Codec;
 use ftlab::store::{PageStore, StoreConfig, StoreError};
@@ -98,7 +99,7 @@ fn codec() -> impl Strategy<Value = Codec> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(40), ..ProptestConfig::default() })]
 
     #[test]
     fn every_read_equals_the_oracle(

@@ -1,6 +1,15 @@
 use ftlab::config::{Config, ConfigBuilder};
 use std::path::{Path, PathBuf};
 
+/// A property test's case count: `default`, or `PROPTEST_CASES` for a long local run (CI uses
+/// the defaults). The tests name their count, which would otherwise override the variable.
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn config(preset: &str, sets: &[&str]) -> Config {
     let mut b = ConfigBuilder::from_preset(preset).expect("preset");
     for s in sets {
