@@ -303,7 +303,7 @@ pub fn run_with<M: MappingTable>(
     };
     Ok(Report::build(
         config,
-        &ftl,
+        &mut ftl,
         recorder,
         start_ns,
         end_ns,

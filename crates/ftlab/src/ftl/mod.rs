@@ -151,6 +151,12 @@ impl<M: MappingTable> Ftl<M> {
         self.map.heap_bytes()
     }
 
+    /// Folds the mapping table's pending updates into its compact form (`MappingTable::compact`):
+    /// what it maps does not change, only how it is held.
+    pub fn compact_mapping(&mut self) {
+        self.map.compact();
+    }
+
     pub fn metadata_bytes(&self) -> usize {
         self.map.heap_bytes()
             + self.lpn_of_ppn.capacity() * 4

@@ -51,22 +51,6 @@ impl ExtentMapping {
         self.chunks.iter().map(Vec::len).sum()
     }
 
-    /// Bytes of the table's vectors, counting `elements(len, capacity)` of each.
-    fn bytes_of_vecs(&self, elements: impl Fn(usize, usize) -> usize) -> usize {
-        let of = |len: usize, capacity: usize, size: usize| elements(len, capacity) * size;
-        of(self.first_lpn.len(), self.first_lpn.capacity(), 4)
-            + of(
-                self.chunks.len(),
-                self.chunks.capacity(),
-                std::mem::size_of::<Vec<Extent>>(),
-            )
-            + self
-                .chunks
-                .iter()
-                .map(|c| of(c.len(), c.capacity(), std::mem::size_of::<Extent>()))
-                .sum::<usize>()
-    }
-
     #[inline]
     fn chunk_of(&self, lpn: u32) -> usize {
         self.first_lpn
@@ -125,12 +109,13 @@ impl MappingTable for ExtentMapping {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.bytes_of_vecs(|_, capacity| capacity)
-    }
-
-    fn compacted_bytes(&self) -> usize {
-        // `shrink_to_fit` leaves each vector at its length.
-        self.bytes_of_vecs(|len, _| len)
+        self.first_lpn.capacity() * 4
+            + self.chunks.capacity() * std::mem::size_of::<Vec<Extent>>()
+            + self
+                .chunks
+                .iter()
+                .map(|c| c.capacity() * std::mem::size_of::<Extent>())
+                .sum::<usize>()
     }
 
     fn compact(&mut self) {

@@ -47,10 +47,4 @@ impl MappingTable for HashMapping {
     fn compact(&mut self) {
         self.ppn_of_lpn.shrink_to_fit();
     }
-
-    fn compacted_bytes(&self) -> usize {
-        // `shrink_to_fit` leaves the buckets a table for `len` entries has, which is what
-        // `hashbrown_bytes` computes from a capacity of `len`.
-        hashbrown_bytes(self.ppn_of_lpn.len(), 8)
-    }
 }

@@ -53,12 +53,6 @@ pub trait MappingTable {
     /// Folds pending updates into the table's compact form and returns spare capacity, so that
     /// `heap_bytes` measures the table itself (used before reporting memory).
     fn compact(&mut self) {}
-    /// `heap_bytes` as `compact` would leave it, without changing the table: what the table
-    /// itself takes, whatever its buffer and spare capacity held when asked (the simulator's
-    /// report gives both figures).
-    fn compacted_bytes(&self) -> usize {
-        self.heap_bytes()
-    }
     /// For tables with an update buffer in front of a compressed layer: the fraction of lookups
     /// (`get`, as many as `note_gets` was told) the compressed layer answered; None before the
     /// first.

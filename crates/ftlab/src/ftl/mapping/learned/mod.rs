@@ -1278,14 +1278,6 @@ impl MappingTable for LearnedMapping {
         self.groups.shrink();
     }
 
-    /// A compacted copy's: merging the buffer into the copy's blobs is the only way to know
-    /// their sizes (the table is small by design, so the copy is too).
-    fn compacted_bytes(&self) -> usize {
-        let mut copy = self.clone();
-        copy.compact();
-        copy.heap_bytes()
-    }
-
     fn learned_activity(&self) -> Option<LearnedActivity> {
         Some(self.activity())
     }
