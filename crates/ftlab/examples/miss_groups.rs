@@ -11,10 +11,10 @@
 //! target/release/examples/miss_groups ../shared/traces/files.nbdlog.gz
 //! ```
 
+use ftlab::ftl::mapping::learned::{GROUP_LPNS, GROUP_SHIFT};
 use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
 use std::path::Path;
 
-const GROUP_SHIFT: u32 = 12;
 const KS: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Moves `key` to the front of the most-recently-used list `mru`; returns its place before, if
@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     // Each LPN's run, named by its first LPN, in one pass.
     let mut run_of = vec![0u32; map.len()];
     for lpn in 0..map.len() {
-        let continues = lpn % (1 << GROUP_SHIFT) != 0
+        let continues = lpn % GROUP_LPNS != 0
             && match (map[lpn - 1], map[lpn]) {
                 (REMOVE, REMOVE) => true,
                 (REMOVE, _) | (_, REMOVE) => false,
