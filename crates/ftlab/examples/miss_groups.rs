@@ -3,8 +3,10 @@
 //! (log-head PPNs), a miss wherever a lookup leaves the run of the lookup before (a maximal range
 //! of consecutive PPNs, or of unmapped LPNs, within one 4096-LPN group: the table's spans are
 //! these or shorter). For k = 1, 2, 4, 8, 16 it counts the misses that a list of the k most
-//! recently used runs would still miss, and the misses that land in one of the k groups of the
-//! misses before.
+//! recently used runs would still miss, the misses that land in one of the k groups of the
+//! misses before, and the misses at the start of the run right after one of the k most recently
+//! used runs (where a follow-on position kept for each of k recent spans, `Follow`, would skip
+//! the searches; the table keeps one).
 //!
 //! ```text
 //! cargo build --release --example miss_groups
@@ -56,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         };
     }
     let (mut misses, mut run_misses, mut group_hits) = (0u64, [0u64; KS.len()], [0u64; KS.len()]);
+    let (mut at_run_start, mut follow_hits) = (0u64, [0u64; KS.len()]);
     let (mut runs, mut groups) = (Vec::new(), Vec::new());
     let mut last_run = u32::MAX;
     for &lpn in &ops.gets {
@@ -65,11 +68,18 @@ fn main() -> anyhow::Result<()> {
         }
         last_run = run;
         misses += 1;
+        // The run just before this one in the group, if the miss lands on this run's start.
+        let at_start = lpn == run && !(lpn as usize).is_multiple_of(GROUP_LPNS);
+        at_run_start += u64::from(at_start);
+        let before_at = at_start
+            .then(|| runs.iter().position(|&r| r == run_of[lpn as usize - 1]))
+            .flatten();
         let run_at = touch(&mut runs, run);
         let group_at = touch(&mut groups, lpn >> GROUP_SHIFT);
         for (i, &k) in KS.iter().enumerate() {
             run_misses[i] += u64::from(run_at.is_none_or(|at| at >= k));
             group_hits[i] += u64::from(group_at.is_some_and(|at| at < k));
+            follow_hits[i] += u64::from(before_at.is_some_and(|at| at < k));
         }
     }
     let live_groups = {
@@ -85,14 +95,22 @@ fn main() -> anyhow::Result<()> {
         "{trace}: {} lookups, {misses} leave the run before; groups with live mappings: {live_groups}",
         ops.gets.len()
     );
-    println!("| k | misses with k recent runs | misses in one of the k groups before |");
-    println!("|---:|---:|---:|");
+    println!(
+        "misses at a run's start (not a group's): {at_run_start} ({:.1} %)",
+        pct(at_run_start)
+    );
+    println!(
+        "| k | misses with k recent runs | misses in one of the k groups before | misses starting the run after one of k recent runs |"
+    );
+    println!("|---:|---:|---:|---:|");
     for (i, k) in KS.iter().enumerate() {
         println!(
-            "| {k} | {} | {} ({:.1} %) |",
+            "| {k} | {} | {} ({:.1} %) | {} ({:.1} %) |",
             run_misses[i],
             group_hits[i],
-            pct(group_hits[i])
+            pct(group_hits[i]),
+            follow_hits[i],
+            pct(follow_hits[i])
         );
     }
     Ok(())
