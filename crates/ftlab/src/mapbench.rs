@@ -395,6 +395,20 @@ pub fn allocator_in_use() -> Option<u64> {
     None
 }
 
+/// The process's peak resident set so far, in bytes.
+pub fn peak_resident_bytes() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+        // Linux counts `ru_maxrss` in KiB.
+        (rc == 0).then(|| usage.ru_maxrss as u64 * 1024)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// What the allocator holds now beyond `before` (an `allocator_in_use()` reading).
 fn allocated_since(before: Option<u64>) -> Option<u64> {
     before
@@ -834,6 +848,10 @@ pub struct TiledResult {
     pub set_mops: f64,
     pub seconds: f64,
     pub lossless_verified: bool,
+    /// The process's peak resident set over the whole run (`getrusage`), the trace's updates
+    /// and the read-back's expected values included: an upper bound on the table's own peak,
+    /// which lies above `bytes` while its buffer and the arena's garbage are held.
+    pub peak_resident_bytes: Option<u64>,
     /// What flat arrays would need for the same device.
     pub flat_u32_bytes: u64,
     pub flat_u64_bytes: u64,
@@ -907,6 +925,7 @@ pub fn run_tiled(
         ),
         seconds: crate::report::round6(seconds),
         lossless_verified: ok,
+        peak_resident_bytes: peak_resident_bytes(),
         flat_u32_bytes: logical_pages * 4,
         flat_u64_bytes: logical_pages * 8,
     })

@@ -165,6 +165,7 @@ fn run_tiled(
     println!(
         "{} repeated {} times: {} LPNs ({}), {} updates in {:.1} s ({:.1} M/s)\n\
          learned table: {} ({} bytes, allocator {}), {:.3} B per live mapping, {} live, lossless: {}\n\
+         process peak resident: {} (the trace's updates and the read-back's values included)\n\
          flat u32 array would need {}, flat u64 {}",
         path.display(),
         result.tiles,
@@ -179,6 +180,9 @@ fn run_tiled(
         result.bytes_per_live_mapping,
         result.live_mappings,
         if result.lossless_verified { "yes" } else { "NO" },
+        result
+            .peak_resident_bytes
+            .map_or_else(|| "-".into(), binary_size),
         binary_size(result.flat_u32_bytes),
         binary_size(result.flat_u64_bytes),
     );

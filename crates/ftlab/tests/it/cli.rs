@@ -303,6 +303,10 @@ fn mapbench_tiles_a_trace_over_a_larger_device() {
         bytes > 2 * one_bytes && bytes < 8 * one_bytes,
         "{bytes} vs one tile's {one_bytes}"
     );
+    // The process held the table, and more, at its peak (Linux reports it).
+    let peak = v["peak_resident_bytes"].as_u64().expect("a peak on Linux");
+    assert!(peak > bytes, "peak {peak} vs the table's {bytes}");
+    assert!(stdout.contains("process peak resident: "), "{stdout}");
 
     let (ok, _, stderr) = ftlab(&["mapbench", "--tile-to", "1M", t]);
     assert!(
