@@ -350,7 +350,7 @@ impl Report {
     /// stays the same) once the figures that depend on its buffer have been read. (Compacting a
     /// copy held the table twice, and the learned table's copy more while its merges grew the
     /// copy's arena: 52 MB of heap at the default preset's peak, 41 MB compacting in place, and
-    /// 32 MB once the arena's garbage was collected in place as well, `store.rs`.)
+    /// 32.5 MiB (massif) once the arena's garbage was collected in place as well, `store.rs`.)
     pub fn build<M: MappingTable>(
         config: &Config,
         ftl: &mut Ftl<M>,
