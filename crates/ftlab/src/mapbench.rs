@@ -399,7 +399,8 @@ pub fn allocator_in_use() -> Option<u64> {
 pub fn peak_resident_bytes() -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: getrusage only writes the struct it is given.
+        // SAFETY: `rusage` is plain integers (all zeros is a valid value), and getrusage only
+        // writes the struct it is given.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
         // Linux counts `ru_maxrss` in KiB.

@@ -392,7 +392,8 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         // Chunk c draws its groups from its first `reach[c]` positions.
         let reach = [40, 600, CHUNK_GROUPS, 100];
-        // Collections slide the blobs over the garbage: counted, as every blob must move then.
+        // Collections (the garbage falls back to none) move the live blobs, which the read-backs
+        // below then check: the test must see some.
         let mut collections = 0u32;
         for step in 0..20_000u32 {
             let c = rng.bounded(4) as usize;
