@@ -230,6 +230,33 @@ fn uniformly_random_ppns_cost_at_most_four_and_a_half_bytes() {
     assert!(per <= 4.5, "{per} bytes per mapping");
 }
 
+/// Writes scattered over a thousand groups, a few to each (a sparsely written device): the
+/// buffer holds at most its bound's worth of groups, so its bytes (each group's 512 bytes of bits
+/// and record besides its runs, and the index) stay near that many groups' worth, not the
+/// thousand groups' 0.6 MB; every mapping reads back.
+#[test]
+fn scattered_writes_bound_the_groups_buffered() {
+    const GROUPS: u32 = 1000;
+    let lpns = GROUPS * GROUP_LPNS as u32;
+    let mut rng = ftlab::rng::SplitMix64::new(5);
+    let ops: Vec<(u32, Option<u32>)> = (0..20_000u32)
+        .map(|i| (rng.bounded(u64::from(lpns)) as u32, Some(3 * i + 1)))
+        .collect();
+    let mut t = LearnedMapping::new(u64::from(lpns));
+    let (mut most_groups, mut most_buffer_bytes) = (0, 0);
+    oracle::check_table(&mut t, &ops, lpns, |t, _| {
+        t.assert_buffer_counts();
+        most_groups = most_groups.max(t.buffered_groups());
+        most_buffer_bytes = most_buffer_bytes.max(t.heap_bytes() - t.compressed_bytes());
+    });
+    assert!(most_groups <= 64, "{most_groups} groups buffered");
+    // 64 groups take about 40 KB; their slab's capacity may have doubled past 64 once.
+    assert!(
+        most_buffer_bytes <= 128 * 1024,
+        "{most_buffer_bytes} bytes of buffer at most"
+    );
+}
+
 /// Random overwrites with PPNs a simulator would reuse: most go into the groups' blobs in
 /// place (a packed residual, a one-point segment), through `set` and `relocate` alike, and every
 /// mapping reads back.
