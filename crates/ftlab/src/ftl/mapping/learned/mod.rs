@@ -325,6 +325,11 @@ pub struct LearnedMapping {
     tail: Tail,
     live: u64,
     buffer_min_entries: u64,
+    /// The fewest groups the buffer may hold (`MIN_BUFFER_GROUPS`; tests lower it).
+    buffer_min_groups: u64,
+    /// The bound on groups as of the last check (`merge_while_over_bound`): deferred trims lower
+    /// the live count, and with it the bound, without a check, but add no group.
+    buffer_group_cap: usize,
     /// The buffer may hold one in `2^this` live mappings (`BUFFER_LIVE_DIVISOR` unless set; a
     /// shift, as the bound is checked on every update that is not a stream's).
     buffer_live_shift: u32,
@@ -366,6 +371,8 @@ impl LearnedMapping {
             tail: Tail::NONE,
             live: 0,
             buffer_min_entries,
+            buffer_min_groups: MIN_BUFFER_GROUPS,
+            buffer_group_cap: MIN_BUFFER_GROUPS as usize,
             buffer_live_shift: BUFFER_LIVE_DIVISOR.trailing_zeros(),
             gets: Cell::new(0),
             buffered_gets: Cell::new(0),
@@ -383,6 +390,13 @@ impl LearnedMapping {
     pub fn buffer_live_divisor(mut self, divisor: u64) -> Self {
         assert!(divisor.is_power_of_two(), "buffer divisor {divisor}");
         self.buffer_live_shift = divisor.trailing_zeros();
+        self
+    }
+
+    /// The same table whose buffer may be held to as few as `groups` groups (at least 1; the
+    /// default is 64): tests over a few groups use it to reach that bound.
+    pub fn buffer_min_groups(mut self, groups: u64) -> Self {
+        self.buffer_min_groups = groups.max(1);
         self
     }
 
@@ -479,11 +493,11 @@ impl LearnedMapping {
             self.buffered_entries(),
             self.buffer_bound()
         );
-        let groups = Self::buffer_group_bound(self.buffer_bound());
         assert!(
-            self.deltas.len() <= groups,
-            "{} groups buffered, bound {groups}",
-            self.deltas.len()
+            self.deltas.len() <= self.buffer_group_cap,
+            "{} groups buffered, bound {}",
+            self.deltas.len(),
+            self.buffer_group_cap
         );
     }
 
@@ -496,8 +510,8 @@ impl LearnedMapping {
 
     /// The most groups the buffer may hold, for `bound` LPNs (`buffer_bound`).
     #[inline]
-    fn buffer_group_bound(bound: u64) -> usize {
-        (bound / BOUND_LPNS_PER_GROUP).max(MIN_BUFFER_GROUPS) as usize
+    fn buffer_group_bound(&self, bound: u64) -> usize {
+        (bound / BOUND_LPNS_PER_GROUP).max(self.buffer_min_groups) as usize
     }
 
     /// The current mapping and whether the buffer holds it, without counting a lookup.
@@ -1002,9 +1016,11 @@ impl LearnedMapping {
         debug_assert_eq!(self.tail.pending, 0);
         // Merges do not change the live count, so neither do they the bound.
         let bound = self.buffer_bound();
-        if self.buffered_entries > bound || self.deltas.len() > Self::buffer_group_bound(bound) {
+        let group_bound = self.buffer_group_bound(bound);
+        if self.buffered_entries > bound || self.deltas.len() > group_bound {
             self.merge_to_bound();
         }
+        self.buffer_group_cap = group_bound;
         // Half the room left: each deferred append adds one LPN to the buffer, and a trim also
         // lowers the bound by at most one per `d` (`live >> buffer_live_shift`, d >= 1), so `k`
         // of them take at most `k + ceil(k / d) <= 2k` of it. Merges therefore happen exactly when
@@ -1017,7 +1033,7 @@ impl LearnedMapping {
     fn merge_to_bound(&mut self) {
         let mut work = MergeScratch::default();
         let bound = self.buffer_bound();
-        let group_bound = Self::buffer_group_bound(bound);
+        let group_bound = self.buffer_group_bound(bound);
         while self.buffered_entries > bound || self.deltas.len() > group_bound {
             if self.buffered_entries <= bound {
                 // Too many groups, not too many LPNs: the hand's next group, whatever it holds.
