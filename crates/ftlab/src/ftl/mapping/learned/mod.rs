@@ -439,12 +439,12 @@ impl LearnedMapping {
         }
     }
 
-    /// LPNs whose latest update is still in the buffer.
     /// Groups with updates in the buffer.
     pub fn buffered_groups(&self) -> usize {
         self.deltas.len()
     }
 
+    /// LPNs whose latest update is still in the buffer.
     pub fn buffered_entries(&self) -> u64 {
         self.buffered_entries + u64::from(self.tail.pending)
     }
