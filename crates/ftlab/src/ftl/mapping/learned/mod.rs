@@ -1018,7 +1018,7 @@ impl LearnedMapping {
         let bound = self.buffer_bound();
         let group_bound = self.buffer_group_bound(bound);
         if self.buffered_entries > bound || self.deltas.len() > group_bound {
-            self.merge_to_bound();
+            self.merge_to_bound(bound, group_bound);
         }
         self.buffer_group_cap = group_bound;
         // Half the room left: each deferred append adds one LPN to the buffer, and a trim also
@@ -1030,10 +1030,8 @@ impl LearnedMapping {
     }
 
     #[cold]
-    fn merge_to_bound(&mut self) {
+    fn merge_to_bound(&mut self, bound: u64, group_bound: usize) {
         let mut work = MergeScratch::default();
-        let bound = self.buffer_bound();
-        let group_bound = self.buffer_group_bound(bound);
         while self.buffered_entries > bound || self.deltas.len() > group_bound {
             if self.buffered_entries <= bound {
                 // Too many groups, not too many LPNs: the hand's next group, whatever it holds.
@@ -1041,11 +1039,7 @@ impl LearnedMapping {
                 // otherwise stayed until the end (the files trace tiled to 16 TiB: 25 K groups,
                 // 98 % of them of at most 8 LPNs, 24 MB of buffer for its 1 M LPNs); taking them
                 // in turn leaves none behind for long, in O(1) a merge.
-                if self.clock >= self.deltas.len() {
-                    self.clock = 0;
-                }
-                let d = self.clock;
-                self.clock += 1;
+                let d = self.clock_next();
                 self.merge(d as u32, &mut work);
                 continue;
             }
@@ -1059,17 +1053,22 @@ impl LearnedMapping {
             // merge: 0.8 M updates a second, 15.8 M rounded down.
             let mean = self.buffered_entries / self.deltas.len() as u64;
             let d = loop {
-                if self.clock >= self.deltas.len() {
-                    self.clock = 0;
-                }
-                let d = self.clock;
-                self.clock += 1;
+                let d = self.clock_next();
                 if u64::from(self.deltas[d].entries) >= mean {
                     break d;
                 }
             };
             self.merge(d as u32, &mut work);
         }
+    }
+
+    /// The buffered group under the clock hand, which then moves on (wrapping).
+    fn clock_next(&mut self) -> usize {
+        if self.clock >= self.deltas.len() {
+            self.clock = 0;
+        }
+        self.clock += 1;
+        self.clock - 1
     }
 
     /// Folds delta `d` into its group's blob.

@@ -94,11 +94,21 @@ pub struct GroupStore {
     directory_bytes: usize,
 }
 
+/// Directory bytes of a chunk listing `n` groups, as `put_slot` weighs the forms.
+fn list_bytes(n: usize) -> usize {
+    6 * n
+}
+
+/// Directory bytes of a chunk's bitmap with `n` groups present.
+fn ranked_bytes(n: usize) -> usize {
+    RANKED_FIXED_BYTES + 4 * n
+}
+
 /// A chunk's directory bytes in its form, as `put_slot` weighs them (lengths, not capacities).
 fn form_bytes(dir: &Dir) -> usize {
     match dir {
-        Dir::Sparse { ids, .. } => ids.len() * 6,
-        Dir::Ranked(r) => RANKED_FIXED_BYTES + 4 * r.slots.len(),
+        Dir::Sparse { ids, .. } => list_bytes(ids.len()),
+        Dir::Ranked(r) => ranked_bytes(r.slots.len()),
         Dir::Dense(slots) => slots.len() * 4,
     }
 }
@@ -225,7 +235,7 @@ impl GroupStore {
             Dir::Dense(slots) => slots[k] = slot,
             Dir::Ranked(r) => {
                 r.put(k, slot);
-                if faster_pays(dense_bytes, RANKED_FIXED_BYTES + 4 * r.slots.len()) {
+                if faster_pays(dense_bytes, ranked_bytes(r.slots.len())) {
                     let mut dense = vec![NONE; chunk_groups].into_boxed_slice();
                     for (k, d) in dense.iter_mut().enumerate() {
                         *d = r.get(k);
@@ -246,14 +256,14 @@ impl GroupStore {
                         slots.insert(i, slot);
                     }
                 }
-                let list_bytes = ids.len() * 6;
+                let list_bytes = list_bytes(ids.len());
                 if faster_pays(dense_bytes, list_bytes) {
                     let mut dense = vec![NONE; chunk_groups].into_boxed_slice();
                     for (&id, &s) in ids.iter().zip(slots.iter()) {
                         dense[usize::from(id)] = s;
                     }
                     *chunk = Dir::Dense(dense);
-                } else if faster_pays(RANKED_FIXED_BYTES + 4 * ids.len(), list_bytes) {
+                } else if faster_pays(ranked_bytes(ids.len()), list_bytes) {
                     let mut r = Box::new(Ranked {
                         bits: [0; RANK_WORDS],
                         before: [0; RANK_WORDS],
