@@ -3,7 +3,9 @@
 //! The update stream is what a page-mapping FTL asks of its table: one SET per written page, one
 //! REMOVE per trimmed page, in trace order. PPNs come either from a log head (each page write
 //! takes the next PPN, the JDB-FTL report's method) or from the simulator itself (its real
-//! PPNs, and the garbage collection's relocations where the trace makes it run). Lookups (GET)
+//! PPNs, and the garbage collection's relocations where the trace makes it run). With a fill
+//! (`--precondition`) every LPN is written once, in order, before the trace, so the drive is full
+//! and its garbage collection moves pages. Lookups (GET)
 //! are every page the trace reads or writes, in trace order, after the updates. Every table is
 //! then read back in full against an oracle and its memory measured twice: its own exact
 //! accounting and the allocator's statistics.
@@ -39,6 +41,9 @@ pub struct MapOps {
     pub logical_pages: u64,
     /// Page writes (SETs) among the updates.
     pub writes: u64,
+    /// How many of the first updates are the fill's (`--precondition`; with the simulator's
+    /// PPNs, the moves its GC made during the fill included). 0 without a fill.
+    pub fill_updates: u64,
     /// What the simulator did, for `PpnSource::Simulator`.
     pub simulator: Option<SimulatorRun>,
 }
@@ -80,6 +85,9 @@ pub enum PpnSource {
 
 const PAGE_BYTES: u64 = 4096;
 
+/// The largest device a fill writes whole: 2 GiB of updates.
+pub const MAX_FILL_PAGES: u64 = 1 << 28;
+
 /// Reads `path` into page-level updates and lookups. `device_bytes`: the LPN space (None: the
 /// highest address the trace touches, rounded up to a GiB).
 pub fn ops_from_trace(
@@ -87,6 +95,21 @@ pub fn ops_from_trace(
     format: Option<TraceFormat>,
     device_bytes: Option<u64>,
     source: PpnSource,
+) -> anyhow::Result<MapOps> {
+    ops_from_trace_with(path, format, device_bytes, source, false)
+}
+
+/// `ops_from_trace`; with `fill`, every LPN is first written once, in order (as `ftlab sim`'s
+/// preconditioning fills a drive, without its random overwrites), so that the trace runs on a
+/// full drive. Then the simulator's garbage collection has to move pages to make room, and
+/// those moves are updates too. A trace that begins by discarding the whole device (mkfs, in
+/// the nbdkit logs) frees the fill again.
+pub fn ops_from_trace_with(
+    path: &Path,
+    format: Option<TraceFormat>,
+    device_bytes: Option<u64>,
+    source: PpnSource,
+    fill: bool,
 ) -> anyhow::Result<MapOps> {
     let mut reader = TraceReader::open(path, format, false)?;
     let mut requests = Vec::new();
@@ -107,6 +130,14 @@ pub fn ops_from_trace(
         "{}: requests reach byte {end_bytes}, beyond the device's {device_bytes} (--device-bytes)",
         path.display()
     );
+    // The fill's updates are held like the trace's, 8 bytes each.
+    anyhow::ensure!(
+        !fill || logical_pages <= MAX_FILL_PAGES,
+        "{}: a fill of a {device_bytes}-byte device would be {logical_pages} updates; \
+         --precondition takes devices of up to {} pages (1 TiB)",
+        path.display(),
+        MAX_FILL_PAGES
+    );
     let mut ops = MapOps {
         logical_pages,
         ..MapOps::default()
@@ -121,6 +152,13 @@ pub fn ops_from_trace(
     match source {
         PpnSource::LogHead => {
             let mut head = 0u32;
+            if fill {
+                // At most MAX_FILL_PAGES LPNs (checked above).
+                let lpns = logical_pages as u32;
+                ops.updates.extend((0..lpns).map(|lpn| (lpn, lpn)));
+                ops.fill_updates = u64::from(lpns);
+                head = lpns;
+            }
             for r in &requests {
                 match r.op {
                     Op::Write => {
@@ -151,8 +189,9 @@ pub fn ops_from_trace(
             }
         }
         PpnSource::Simulator => {
-            let (updates, run) = simulator_updates(path, format, device_bytes)?;
-            (ops.updates, ops.simulator) = (updates, Some(run));
+            let sim = simulator_updates(path, format, device_bytes, fill)?;
+            (ops.updates, ops.fill_updates, ops.simulator) =
+                (sim.updates, sim.fill_updates, Some(sim.run));
         }
     }
     ops.writes = ops.updates.iter().filter(|u| u.1 != REMOVE).count() as u64;
@@ -177,6 +216,8 @@ fn shuffled_live(oracle: &[u32]) -> Vec<u32> {
 struct Recording {
     inner: FlatMapping,
     log: Rc<RefCell<Vec<(u32, u32)>>>,
+    /// The log's length when the simulator started measuring (after its preconditioning).
+    measured_from: Rc<RefCell<usize>>,
 }
 
 impl MappingTable for Recording {
@@ -203,23 +244,36 @@ impl MappingTable for Recording {
     fn heap_bytes(&self) -> usize {
         self.inner.heap_bytes()
     }
+    fn reset_activity(&mut self) {
+        *self.measured_from.borrow_mut() = self.log.borrow().len();
+    }
 }
 
 /// Spare fraction of the simulated device behind `--ppns simulator`: 7 %, a common consumer
 /// drive's.
 pub const SIM_SPARE_FACTOR: f64 = 0.07;
 
-/// The simulator's table updates for the trace, and what the drive did.
+/// What `simulator_updates` recorded.
+struct SimulatedUpdates {
+    updates: Vec<(u32, u32)>,
+    /// How many of the first updates are the fill's.
+    fill_updates: u64,
+    /// What the drive did during the trace.
+    run: SimulatorRun,
+}
+
+/// The simulator's table updates for the trace (after a fill, with `fill`).
 fn simulator_updates(
     path: &Path,
     format: Option<TraceFormat>,
     device_bytes: u64,
-) -> anyhow::Result<(Vec<(u32, u32)>, SimulatorRun)> {
+    fill: bool,
+) -> anyhow::Result<SimulatedUpdates> {
     // The default preset's flash, with just enough blocks per die for the device plus
     // SIM_SPARE_FACTOR spare and per-die superblocks, so that garbage collection relocates
     // pages as in a real drive, once the trace has written more than the free space.
-    // (Preconditioning would not make it run sooner on traces that begin with mkfs: its
-    // discard of the whole device frees everything again.)
+    // (A fill does not make it run sooner on traces that begin with mkfs: its discard of the
+    // whole device frees everything again.)
     let mut builder = ConfigBuilder::from_preset(crate::config::DEFAULT_PRESET)?;
     let f = builder.clone().build()?.flash;
     let block_row_bytes = u64::from(f.channels)
@@ -233,7 +287,8 @@ fn simulator_updates(
     // Superblocks of one die's block: with few blocks per die, whole-device stripes would
     // leave GC too few units to work with.
     builder.set("flash.superblock_dies=1")?;
-    builder.set("workload.precondition=false")?;
+    builder.set(&format!("workload.precondition={fill}"))?;
+    builder.set("workload.precondition_overwrites=0")?;
     builder.set(&format!("capacity.logical_bytes={device_bytes}"))?;
     builder.set(&format!(
         "workload.trace={}",
@@ -244,19 +299,23 @@ fn simulator_updates(
     }
     let config = builder.build()?;
     let log = Rc::new(RefCell::new(Vec::new()));
+    let measured_from = Rc::new(RefCell::new(0));
     let table = Recording {
         inner: FlatMapping::new(config.geometry()?.logical_pages),
         log: log.clone(),
+        measured_from: measured_from.clone(),
     };
     let report = crate::sim::run_with(&config, table, &mut |_| {})?;
-    Ok((
-        log.take(),
-        SimulatorRun {
+    let fill_updates = *measured_from.borrow() as u64;
+    Ok(SimulatedUpdates {
+        updates: log.take(),
+        fill_updates,
+        run: SimulatorRun {
             waf: report.waf,
             gc_write_pages: report.gc_write_pages,
             erases: report.erases,
         },
-    ))
+    })
 }
 
 /// One table's figures. `bytes` is measured after `compact()` (update buffers merged, spare
@@ -323,6 +382,8 @@ pub struct MapBench {
     pub ppns: String,
     pub logical_pages: u64,
     pub updates: u64,
+    /// How many of the updates are the fill's (`--precondition`), which come first.
+    pub fill_updates: u64,
     pub gets: u64,
     pub live_mappings: u64,
     /// With `--ppns simulator`: the drive's WAF, erases and the pages its GC moved.
@@ -729,6 +790,7 @@ pub fn run(
         .into(),
         logical_pages: pages,
         updates: ops.updates.len() as u64,
+        fill_updates: ops.fill_updates,
         gets: ops.gets.len() as u64,
         live_mappings: oracle.iter().filter(|&&v| v != REMOVE).count() as u64,
         simulator: ops.simulator.clone(),
@@ -748,9 +810,14 @@ pub fn run(
 pub fn markdown(b: &MapBench) -> String {
     use std::fmt::Write;
     let mut o = String::new();
+    let fill = if b.fill_updates > 0 {
+        format!(" ({} of them the fill's, first)", b.fill_updates)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         o,
-        "{} ({} PPNs): {} LPNs, {} updates, {} lookups, {} live mappings",
+        "{} ({} PPNs): {} LPNs, {} updates{fill}, {} lookups, {} live mappings",
         b.trace, b.ppns, b.logical_pages, b.updates, b.gets, b.live_mappings
     );
     if let Some(sim) = &b.simulator {

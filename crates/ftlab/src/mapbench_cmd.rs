@@ -10,7 +10,8 @@ use std::path::PathBuf;
 #[command(after_help = "Examples:\n  \
 ftlab mapbench ../shared/traces/rocksdb.nbdlog.gz\n  \
 ftlab mapbench --ppns both --json maps.json ../shared/traces/*.nbdlog.gz\n  \
-ftlab mapbench --tables extent,learned --device-bytes 4294967296 pgbench.msr.csv.gz\n\n\
+ftlab mapbench --tables extent,learned --device-bytes 4294967296 pgbench.msr.csv.gz\n  \
+ftlab mapbench --ppns simulator --precondition ../shared/traces/pgbench.msr.csv.gz\n\n\
 SET counts every update (page write or trimmed page); GET looks up every page the trace reads \
 or writes, in trace order, after the updates. Memory is measured after each table merges its \
 update buffer and returns spare capacity; 'allocator bytes' is glibc's own count of the same.")]
@@ -34,6 +35,13 @@ pub struct MapbenchArgs {
     /// rounded up to a GiB.
     #[arg(long)]
     device_bytes: Option<u64>,
+    /// Fill the device first: every LPN written once, in order, before the trace (as `ftlab sim
+    /// --precondition` fills a drive, without its random overwrites), so the trace runs on a
+    /// full drive and, with --ppns simulator, the garbage collection moves pages (the output
+    /// says how many). The fill's updates count as SETs. A trace that begins by discarding the
+    /// whole device (mkfs, in the nbdkit logs) frees the fill again; the MSR versions do not.
+    #[arg(long)]
+    precondition: bool,
     /// Instead of the side-by-side comparison: repeat the (single, log-head) trace's pattern over
     /// a device of this size (bytes, or with K/M/G/T: 16T is 16 TiB) with the learned table alone,
     /// and report its memory; flat arrays of that size are only computed.
@@ -110,7 +118,13 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
     for path in &args.traces {
         for &source in sources {
             // Its errors name the trace (and the line) themselves.
-            let ops = mapbench::ops_from_trace(path, format, args.device_bytes, source)?;
+            let ops = mapbench::ops_from_trace_with(
+                path,
+                format,
+                args.device_bytes,
+                source,
+                args.precondition,
+            )?;
             let result = mapbench::run(
                 &path.display().to_string(),
                 source,
@@ -141,8 +155,8 @@ fn run_tiled(
     json: Option<crate::output::Output>,
 ) -> Result<()> {
     anyhow::ensure!(
-        args.traces.len() == 1 && args.ppns == "log-head",
-        "--tile-to takes one trace and log-head PPNs"
+        args.traces.len() == 1 && args.ppns == "log-head" && !args.precondition,
+        "--tile-to takes one trace and log-head PPNs, without --precondition"
     );
     let path = &args.traces[0];
     let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)?;

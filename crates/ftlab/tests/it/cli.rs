@@ -318,6 +318,8 @@ fn mapbench_tiles_a_trace_over_a_larger_device() {
         !ok && stderr.contains("one trace and log-head PPNs"),
         "{stderr}"
     );
+    let (ok, _, stderr) = ftlab(&["mapbench", "--tile-to", &size, "--precondition", t]);
+    assert!(!ok && stderr.contains("without --precondition"), "{stderr}");
 }
 
 #[test]

@@ -552,3 +552,80 @@ fn simulator_ppns_carry_the_gc_relocations() {
         assert!(t.lossless_verified, "{}", t.name);
     }
 }
+
+/// A fill (`mapbench --precondition`) writes every LPN once, in order, before the trace, so a
+/// trace that writes less than the spare moves no page on an empty drive and many on a full
+/// one. The fill's updates come first and are counted; with a log head they map LPN i to PPN i
+/// and the trace's PPNs follow on; every table reads the final mapping back.
+#[test]
+fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
+    use ftlab::mapbench::{ops_from_trace_with, PpnSource, REMOVE};
+    let dir = crate::support::temp_dir("mapbench-fill");
+    let path = dir.path().join("random.csv");
+    const DEVICE: u64 = 1 << 30;
+    const CHUNK: u64 = 8 << 10;
+    let pages = DEVICE / 4096;
+    // A tenth of the device, 8 KiB at random offsets: less than the 7 % spare (plus the blocks
+    // that round the flash up) can take without moving anything.
+    let requests = DEVICE / 10 / CHUNK;
+    let mut rng = ftlab::rng::SplitMix64::new(5);
+    let mut text = String::from("Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n");
+    for i in 0..requests {
+        let offset = rng.bounded(DEVICE / CHUNK) * CHUNK;
+        text.push_str(&format!(
+            "{},t,0,Write,{offset},{CHUNK},0\n",
+            10_000 * (i + 1)
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
+    let host_pages = requests * CHUNK / 4096;
+
+    let ops = |source, fill| ops_from_trace_with(&path, None, Some(DEVICE), source, fill).unwrap();
+    let empty = ops(PpnSource::Simulator, false);
+    assert_eq!(empty.fill_updates, 0);
+    assert_eq!(empty.simulator.as_ref().unwrap().gc_write_pages, 0);
+
+    let full = ops(PpnSource::Simulator, true);
+    let run = full.simulator.clone().unwrap();
+    assert!(run.gc_write_pages > host_pages, "{run:?}");
+    // The fill writes every page once (its GC moves, if any, are the fill's too).
+    assert!(full.fill_updates >= pages, "{}", full.fill_updates);
+    assert_eq!(
+        full.writes,
+        full.fill_updates + host_pages + run.gc_write_pages,
+        "{run:?}"
+    );
+    let live = |m: &[u32]| m.iter().filter(|&&v| v != REMOVE).count() as u64;
+    assert_eq!(live(&full.oracle()), pages);
+
+    let log = ops(PpnSource::LogHead, true);
+    assert_eq!(log.fill_updates, pages);
+    assert_eq!(log.writes, pages + host_pages);
+    assert!(log.updates[..pages as usize]
+        .iter()
+        .enumerate()
+        .all(|(i, &(lpn, ppn))| lpn as usize == i && ppn as usize == i));
+    assert_eq!(log.updates[pages as usize].1 as u64, pages);
+    assert_eq!(live(&log.oracle()), pages);
+
+    let result = ftlab::mapbench::run(
+        "random.csv",
+        PpnSource::Simulator,
+        &full,
+        &["extent".to_string(), "learned".to_string()],
+        1,
+        ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
+    );
+    assert_eq!(result.fill_updates, full.fill_updates);
+    for t in &result.tables {
+        assert!(t.lossless_verified, "{}", t.name);
+    }
+    // Devices too large to fill are refused, naming the trace.
+    let err = ops_from_trace_with(&path, None, Some(1 << 41), PpnSource::LogHead, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("random.csv") && err.contains("--precondition"),
+        "{err}"
+    );
+}
