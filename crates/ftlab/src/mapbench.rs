@@ -15,6 +15,7 @@
 use crate::config::ConfigBuilder;
 use crate::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
 use crate::request::Op;
+use crate::sim::Progress;
 use crate::trace::{TraceFormat, TraceReader};
 use serde::Serialize;
 use std::cell::RefCell;
@@ -96,20 +97,21 @@ pub fn ops_from_trace(
     device_bytes: Option<u64>,
     source: PpnSource,
 ) -> anyhow::Result<MapOps> {
-    ops_from_trace_with(path, format, device_bytes, source, false)
+    ops_from_trace_with(path, format, device_bytes, source, false, &mut |_| {})
 }
 
 /// `ops_from_trace`; with `fill`, every LPN is first written once, in order (as `ftlab sim`'s
 /// preconditioning fills a drive, without its random overwrites), so that the trace runs on a
 /// full drive. Then the simulator's garbage collection has to move pages to make room, and
 /// those moves are updates too. A trace that begins by discarding the whole device (mkfs, in
-/// the nbdkit logs) frees the fill again.
+/// the nbdkit logs) frees the fill again. `progress` hears the simulator's phases.
 pub fn ops_from_trace_with(
     path: &Path,
     format: Option<TraceFormat>,
     device_bytes: Option<u64>,
     source: PpnSource,
     fill: bool,
+    progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<MapOps> {
     let mut reader = TraceReader::open(path, format, false)?;
     let mut requests = Vec::new();
@@ -189,7 +191,7 @@ pub fn ops_from_trace_with(
             }
         }
         PpnSource::Simulator => {
-            let sim = simulator_updates(path, format, device_bytes, fill)?;
+            let sim = simulator_updates(path, format, device_bytes, fill, progress)?;
             (ops.updates, ops.fill_updates, ops.simulator) =
                 (sim.updates, sim.fill_updates, Some(sim.run));
         }
@@ -268,6 +270,7 @@ fn simulator_updates(
     format: Option<TraceFormat>,
     device_bytes: u64,
     fill: bool,
+    progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<SimulatedUpdates> {
     // The default preset's flash, with just enough blocks per die for the device plus
     // SIM_SPARE_FACTOR spare and per-die superblocks, so that garbage collection relocates
@@ -305,7 +308,7 @@ fn simulator_updates(
         log: log.clone(),
         measured_from: measured_from.clone(),
     };
-    let report = crate::sim::run_with(&config, table, &mut |_| {})?;
+    let report = crate::sim::run_with(&config, table, progress)?;
     let fill_updates = *measured_from.borrow() as u64;
     Ok(SimulatedUpdates {
         updates: log.take(),
@@ -725,6 +728,7 @@ pub fn run_table<M: MappingTable>(
 
 /// Runs the named tables over `ops`; the learned table's buffer holds up to one in
 /// `learned_buffer_divisor` live mappings (a power of two; `BUFFER_LIVE_DIVISOR` by default).
+/// `progress` counts the tables' runs (`repeat` each).
 pub fn run(
     trace: &str,
     ppns: PpnSource,
@@ -732,6 +736,7 @@ pub fn run(
     tables: &[String],
     repeat: u32,
     learned_buffer_divisor: u64,
+    progress: &mut dyn FnMut(Progress),
 ) -> MapBench {
     let oracle = ops.oracle();
     let pages = ops.logical_pages;
@@ -741,13 +746,25 @@ pub fn run(
     // slows one round of every table, not all the rounds of one, and the ratios to the flat
     // array stay fair.
     let mut best = vec![Phases::NONE; tables.len()];
+    let total = Some(u64::from(repeat.max(1)) * tables.len() as u64);
+    let mut done = 0;
+    let mut step = |done: &mut u64| {
+        progress(Progress {
+            phase: "timing the tables",
+            done: *done,
+            total,
+        });
+        *done += 1;
+    };
     for _ in 1..repeat.max(1) {
         for (name, best) in tables.iter().zip(&mut best) {
+            step(&mut done);
             best.keep_fastest(throughput_round(name, pages, ops, learned_buffer_divisor));
         }
     }
     let mut results = Vec::new();
     for (name, &best) in tables.iter().zip(&best) {
+        step(&mut done);
         let r = match name.as_str() {
             "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle, best, repeat, &clock),
             "flat-u32" => {

@@ -117,6 +117,8 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
     let mut all = Vec::new();
     for path in &args.traces {
         for &source in sources {
+            // On stderr, and only on a terminal, after the first second.
+            let mut view = crate::ProgressView::new(true);
             // Its errors name the trace (and the line) themselves.
             let ops = mapbench::ops_from_trace_with(
                 path,
@@ -124,6 +126,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
                 args.device_bytes,
                 source,
                 args.precondition,
+                &mut |p| view.update(p),
             )?;
             let result = mapbench::run(
                 &path.display().to_string(),
@@ -132,7 +135,9 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
                 &args.tables,
                 args.repeat,
                 args.learned_buffer_divisor,
+                &mut |p| view.update(p),
             );
+            view.finish();
             println!("{}", mapbench::markdown(&result));
             all.push(result);
         }

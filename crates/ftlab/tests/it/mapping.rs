@@ -543,6 +543,7 @@ fn simulator_ppns_carry_the_gc_relocations() {
         &["extent".to_string(), "learned".to_string()],
         1,
         ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
+        &mut |_| {},
     );
     assert_eq!(
         result.simulator.as_ref().unwrap().gc_write_pages,
@@ -580,7 +581,9 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
     std::fs::write(&path, text).unwrap();
     let host_pages = requests * CHUNK / 4096;
 
-    let ops = |source, fill| ops_from_trace_with(&path, None, Some(DEVICE), source, fill).unwrap();
+    let ops = |source, fill| {
+        ops_from_trace_with(&path, None, Some(DEVICE), source, fill, &mut |_| {}).unwrap()
+    };
     let empty = ops(PpnSource::Simulator, false);
     assert_eq!(empty.fill_updates, 0);
     assert_eq!(empty.simulator.as_ref().unwrap().gc_write_pages, 0);
@@ -615,15 +618,23 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
         &["extent".to_string(), "learned".to_string()],
         1,
         ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
+        &mut |_| {},
     );
     assert_eq!(result.fill_updates, full.fill_updates);
     for t in &result.tables {
         assert!(t.lossless_verified, "{}", t.name);
     }
     // Devices too large to fill are refused, naming the trace.
-    let err = ops_from_trace_with(&path, None, Some(1 << 41), PpnSource::LogHead, true)
-        .unwrap_err()
-        .to_string();
+    let err = ops_from_trace_with(
+        &path,
+        None,
+        Some(1 << 41),
+        PpnSource::LogHead,
+        true,
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("random.csv") && err.contains("--precondition"),
         "{err}"
