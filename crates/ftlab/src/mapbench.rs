@@ -330,6 +330,9 @@ pub struct TableResult {
     pub bytes_per_live_mapping: f64,
     /// Bytes before `compact()`: update buffer and spare capacity included.
     pub bytes_before_compact: u64,
+    /// The most the table held during the run (`MappingTable::peak_heap_bytes`): its buffer at
+    /// its fullest, its arena's garbage and growth room included.
+    pub bytes_peak: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_bytes: Option<u64>,
     pub total_ms: f64,
@@ -655,6 +658,7 @@ pub fn run_table<M: MappingTable>(
         ok &= table.get(lpn as u32) == (v != REMOVE).then_some(v);
     }
     let bytes_before_compact = table.heap_bytes() as u64;
+    let bytes_peak = table.peak_heap_bytes() as u64;
     table.compact();
     for (lpn, &v) in oracle.iter().enumerate() {
         ok &= table.get(lpn as u32) == (v != REMOVE).then_some(v);
@@ -710,6 +714,7 @@ pub fn run_table<M: MappingTable>(
         bytes,
         bytes_per_live_mapping: crate::report::bytes_per_mapping(bytes, live),
         bytes_before_compact,
+        bytes_peak,
         allocator_bytes,
         total_ms: crate::report::round6(total_ms),
         get_mops: mops(ops.gets.len(), get_s),
@@ -847,9 +852,12 @@ pub fn markdown(b: &MapBench) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | lossless |"
+        "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | peak bytes | lossless |"
     );
-    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(
+        o,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
     // A figure to `digits` decimals and `unit`, or `-` where its phase had no operations.
     let cell = |v: Option<f64>, digits: usize, unit: &str| {
         v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}{unit}"))
@@ -857,7 +865,7 @@ pub fn markdown(b: &MapBench) -> String {
     for t in &b.tables {
         let _ = writeln!(
             o,
-            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
             t.name,
             t.total_ms,
             cell(t.get_mops, 1, ""),
@@ -876,6 +884,7 @@ pub fn markdown(b: &MapBench) -> String {
                 3,
                 ""
             ),
+            t.bytes_peak,
             if t.lossless_verified { "yes" } else { "NO" }
         );
     }
@@ -930,12 +939,14 @@ pub struct TiledResult {
     pub bytes: u64,
     pub allocator_bytes: Option<u64>,
     pub bytes_per_live_mapping: f64,
+    /// The most the table held during the run (`MappingTable::peak_heap_bytes`): its buffer at
+    /// its fullest and its arena's garbage and growth room included.
+    pub bytes_peak: u64,
     pub set_mops: f64,
     pub seconds: f64,
     pub lossless_verified: bool,
     /// The process's peak resident set over the whole run (`getrusage`), the trace's updates
-    /// and the read-back's expected values included: an upper bound on the table's own peak,
-    /// which lies above `bytes` while its buffer and the arena's garbage are held.
+    /// and the read-back's expected values included: a cross-check of `bytes_peak` from above.
     pub peak_resident_bytes: Option<u64>,
     /// What flat arrays would need for the same device.
     pub flat_u32_bytes: u64,
@@ -982,6 +993,7 @@ pub fn run_tiled(
         progress(k + 1);
     }
     let seconds = t0.elapsed().as_secs_f64();
+    let bytes_peak = table.peak_heap_bytes() as u64;
     table.compact();
     let bytes = table.heap_bytes() as u64;
     let allocator_bytes = allocated_since(before);
@@ -1005,6 +1017,7 @@ pub fn run_tiled(
         bytes,
         allocator_bytes,
         bytes_per_live_mapping: crate::report::bytes_per_mapping(bytes, live),
+        bytes_peak,
         set_mops: crate::report::round6(
             (tiles * ops.updates.len() as u64) as f64 / seconds.max(1e-9) / 1e6,
         ),

@@ -184,6 +184,7 @@ fn run_tiled(
     println!(
         "{} repeated {} times: {} LPNs ({}), {} updates in {:.1} s ({:.1} M/s)\n\
          learned table: {} ({} bytes, allocator {}), {:.3} B per live mapping, {} live, lossless: {}\n\
+         learned table at its peak: {} ({} bytes, buffer and arena garbage included)\n\
          process peak resident: {} (the trace's updates and the read-back's values included)\n\
          flat u32 array would need {}, flat u64 {}",
         path.display(),
@@ -199,6 +200,8 @@ fn run_tiled(
         result.bytes_per_live_mapping,
         result.live_mappings,
         if result.lossless_verified { "yes" } else { "NO" },
+        binary_size(result.bytes_peak),
+        result.bytes_peak,
         result
             .peak_resident_bytes
             .map_or_else(|| "-".into(), binary_size),

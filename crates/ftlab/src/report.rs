@@ -241,6 +241,10 @@ pub struct MappingInfo {
     pub table: String,
     /// As the run ended: the table's buffer and spare capacity included.
     pub bytes: u64,
+    /// The most the table held at any point of the run, preconditioning included: the DRAM it
+    /// needs (`MappingTable::peak_heap_bytes`; a merge's scratch vectors aside).
+    #[serde(default)]
+    pub bytes_peak: u64,
     /// After folding its buffer and returning spare capacity (`MappingTable::compact`;
     /// what `ftlab mapbench` reports): unlike `bytes`, it does not depend on where the run
     /// stopped in the table's cycles of merging and collecting garbage.
@@ -362,6 +366,7 @@ impl Report {
     ) -> Report {
         let live = ftl.mapping().live_mappings();
         let mapping_bytes = ftl.mapping_bytes() as u64;
+        let mapping_bytes_peak = ftl.mapping().peak_heap_bytes() as u64;
         let ftl_metadata_bytes = ftl.metadata_bytes() as u64;
         let compressed_get_fraction = ftl.mapping().compressed_get_fraction().map(round6);
         let learned = ftl.mapping().learned_activity();
@@ -408,6 +413,7 @@ impl Report {
             mapping: MappingInfo {
                 table: ftl.mapping().name().to_string(),
                 bytes: mapping_bytes,
+                bytes_peak: mapping_bytes_peak,
                 bytes_compacted: mapping_bytes_compacted,
                 live_mappings: live,
                 bytes_per_live_mapping: bytes_per_mapping(mapping_bytes, live),
@@ -554,9 +560,15 @@ impl Report {
         } else {
             format!(", {:.1} MiB compacted", mib(self.mapping.bytes_compacted))
         };
+        // The peak only where the table ever held more than at the end.
+        let peak = if self.mapping.bytes_peak > self.mapping.bytes {
+            format!(" (peak {:.1} MiB)", mib(self.mapping.bytes_peak))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "mapping    {} table {:.1} MiB{compacted} ({:.2} B per live mapping, {} live); all FTL metadata {:.1} MiB",
+            "mapping    {} table {:.1} MiB{peak}{compacted} ({:.2} B per live mapping, {} live); all FTL metadata {:.1} MiB",
             self.mapping.table,
             mib(self.mapping.bytes),
             self.mapping.bytes_per_live_mapping,

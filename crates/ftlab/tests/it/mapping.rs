@@ -640,3 +640,59 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
         "{err}"
     );
 }
+
+/// `peak_heap_bytes` is what DRAM a table needed at its largest: never less than its heap after
+/// any operation (sampled here after every one), not less than at the end, and for the tables
+/// whose memory shrinks (the learned table's merges and arena collections, the extent map's
+/// emptied chunks, any table's `compact`) more than it ends with. Debug builds (these tests')
+/// also check the learned and extent tables' O(1) byte counts against full sums on every call.
+#[test]
+fn the_peak_bytes_bound_every_size_the_table_went_through() {
+    use ftlab::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping};
+    fn drive<M: MappingTable>(mut table: M) -> (usize, usize, usize) {
+        let mut rng = ftlab::rng::SplitMix64::new(21);
+        let (mut head, mut most) = (0u32, table.heap_bytes());
+        for step in 0..60_000u32 {
+            let lpn = rng.bounded(u64::from(LPNS)) as u32;
+            match step % 7 {
+                // Streams, random pages, and trims of whole stretches (which empty groups and
+                // extent chunks).
+                0..=2 => {
+                    for l in lpn..(lpn + 16).min(LPNS) {
+                        table.set(l, head);
+                        head += 1;
+                    }
+                }
+                3..=5 => {
+                    table.set(lpn, head);
+                    head += 1;
+                }
+                _ => {
+                    for l in lpn..(lpn + 300).min(LPNS) {
+                        table.remove(l);
+                    }
+                }
+            }
+            most = most.max(table.heap_bytes());
+            assert!(
+                table.peak_heap_bytes() >= most,
+                "{} step {step}: {} < {most}",
+                table.name(),
+                table.peak_heap_bytes()
+            );
+        }
+        let end = table.heap_bytes();
+        table.compact();
+        assert!(table.peak_heap_bytes() >= most);
+        (table.peak_heap_bytes(), end, table.heap_bytes())
+    }
+    let (peak, end, compacted) = drive(FlatMapping::new(u64::from(LPNS)));
+    assert!(peak == end && end == compacted);
+    let (peak, _, compacted) = drive(HashMapping::new());
+    assert!(peak > compacted, "{peak} {compacted}");
+    let (peak, _, compacted) = drive(ExtentMapping::new());
+    assert!(peak > compacted, "{peak} {compacted}");
+    let (peak, end, compacted) =
+        drive(LearnedMapping::with_buffer(u64::from(LPNS), 64).buffer_min_groups(2));
+    assert!(peak > end && end > compacted, "{peak} {end} {compacted}");
+}

@@ -40,7 +40,13 @@ pub struct ExtentMapping {
     first_lpn: Vec<u32>,
     chunks: Vec<Vec<Extent>>,
     live: u64,
+    /// The chunks' capacities in bytes (so the heap is known in O(1) after each update).
+    run_bytes: usize,
+    /// The heap at its largest so far.
+    peak_bytes: usize,
 }
+
+const EXTENT_BYTES: usize = std::mem::size_of::<Extent>();
 
 impl ExtentMapping {
     pub fn new() -> Self {
@@ -66,19 +72,40 @@ impl ExtentMapping {
         }
         let c = self.chunk_of(lpn);
         let chunk = &mut self.chunks[c];
+        let before = chunk.capacity();
         let old = runs::assign(chunk, lpn, ppn);
+        // (Inserting and removing runs never shrinks a chunk.)
+        self.run_bytes += (chunk.capacity() - before) * EXTENT_BYTES;
         if chunk.is_empty() {
+            let freed = chunk.capacity() * EXTENT_BYTES;
+            self.note_peak();
+            self.run_bytes -= freed;
             self.chunks.remove(c);
             self.first_lpn.remove(c);
         } else {
             self.first_lpn[c] = chunk[0].lpn;
             if chunk.len() > CHUNK_RUNS {
                 let upper = chunk.split_off(CHUNK_RUNS / 2);
+                self.run_bytes += upper.capacity() * EXTENT_BYTES;
                 self.first_lpn.insert(c + 1, upper[0].lpn);
                 self.chunks.insert(c + 1, upper);
             }
+            self.note_peak();
         }
         old
+    }
+
+    /// The heap now, in O(1).
+    #[inline]
+    fn heap_now(&self) -> usize {
+        self.first_lpn.capacity() * 4
+            + self.chunks.capacity() * std::mem::size_of::<Vec<Extent>>()
+            + self.run_bytes
+    }
+
+    #[inline]
+    fn note_peak(&mut self) {
+        self.peak_bytes = self.peak_bytes.max(self.heap_now());
     }
 }
 
@@ -109,13 +136,18 @@ impl MappingTable for ExtentMapping {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.first_lpn.capacity() * 4
-            + self.chunks.capacity() * std::mem::size_of::<Vec<Extent>>()
-            + self
-                .chunks
+        debug_assert_eq!(
+            self.run_bytes,
+            self.chunks
                 .iter()
-                .map(|c| c.capacity() * std::mem::size_of::<Extent>())
+                .map(|c| c.capacity() * EXTENT_BYTES)
                 .sum::<usize>()
+        );
+        self.heap_now()
+    }
+
+    fn peak_heap_bytes(&self) -> usize {
+        self.peak_bytes.max(self.heap_now())
     }
 
     fn compact(&mut self) {
@@ -124,5 +156,10 @@ impl MappingTable for ExtentMapping {
         for c in &mut self.chunks {
             c.shrink_to_fit();
         }
+        self.run_bytes = self
+            .chunks
+            .iter()
+            .map(|c| c.capacity() * EXTENT_BYTES)
+            .sum();
     }
 }

@@ -8,6 +8,12 @@ use rustc_hash::FxHashMap;
 #[derive(Clone, Debug, Default)]
 pub struct HashMapping {
     ppn_of_lpn: FxHashMap<u32, u32>,
+    /// The largest `capacity()` since the table last grew or shrank: its buckets' capacity.
+    /// `capacity()` alone counts the room left, which a removal that leaves a tombstone does
+    /// not give back, so it falls below the buckets allocated (by half, with trims).
+    full_capacity: usize,
+    /// The heap before the last `compact` (the table only grows between them).
+    peak_bytes: usize,
 }
 
 impl HashMapping {
@@ -28,7 +34,10 @@ impl MappingTable for HashMapping {
 
     #[inline]
     fn set(&mut self, lpn: u32, ppn: u32) -> Option<u32> {
-        self.ppn_of_lpn.insert(lpn, ppn)
+        let old = self.ppn_of_lpn.insert(lpn, ppn);
+        // Right after the buckets grow, nothing is spent: `capacity()` is theirs.
+        self.full_capacity = self.full_capacity.max(self.ppn_of_lpn.capacity());
+        old
     }
 
     #[inline]
@@ -41,10 +50,16 @@ impl MappingTable for HashMapping {
     }
 
     fn heap_bytes(&self) -> usize {
-        hashbrown_bytes(self.ppn_of_lpn.capacity(), 8)
+        hashbrown_bytes(self.full_capacity.max(self.ppn_of_lpn.capacity()), 8)
+    }
+
+    fn peak_heap_bytes(&self) -> usize {
+        self.peak_bytes.max(self.heap_bytes())
     }
 
     fn compact(&mut self) {
+        self.peak_bytes = self.peak_heap_bytes();
         self.ppn_of_lpn.shrink_to_fit();
+        self.full_capacity = self.ppn_of_lpn.capacity();
     }
 }

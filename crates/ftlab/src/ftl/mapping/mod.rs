@@ -21,6 +21,12 @@ pub trait MappingTable {
     fn live_mappings(&self) -> u64;
     /// Bytes of DRAM the table occupies (heap included).
     fn heap_bytes(&self) -> usize;
+    /// The most `heap_bytes` has been since the table was made: what DRAM it needed at its
+    /// largest. The default is for a table whose memory never shrinks (the flat arrays); the
+    /// others keep their peak as they go.
+    fn peak_heap_bytes(&self) -> usize {
+        self.heap_bytes()
+    }
     /// A hint that `lpn` will be looked up or set soon (GC knows its next moves in advance).
     #[inline]
     fn prefetch(&self, _lpn: u32) {}

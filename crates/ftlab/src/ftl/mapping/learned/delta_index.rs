@@ -20,6 +20,8 @@ pub struct DeltaIndex {
     n_chunks: usize,
     /// Groups with a delta.
     len: usize,
+    /// Chunks allocated (so `heap_bytes` is O(1)).
+    allocated: usize,
 }
 
 impl DeltaIndex {
@@ -28,6 +30,7 @@ impl DeltaIndex {
             chunks: Vec::new(),
             n_chunks: groups.div_ceil(CHUNK_GROUPS),
             len: 0,
+            allocated: 0,
         }
     }
 
@@ -45,8 +48,11 @@ impl DeltaIndex {
         if self.chunks.is_empty() {
             self.chunks = vec![None; self.n_chunks];
         }
-        let chunk = self.chunks[(g >> CHUNK_SHIFT) as usize]
-            .get_or_insert_with(|| Box::new([NONE; CHUNK_GROUPS]));
+        let allocated = &mut self.allocated;
+        let chunk = self.chunks[(g >> CHUNK_SHIFT) as usize].get_or_insert_with(|| {
+            *allocated += 1;
+            Box::new([NONE; CHUNK_GROUPS])
+        });
         let slot = &mut chunk[g as usize & (CHUNK_GROUPS - 1)];
         self.len += usize::from(*slot == NONE);
         *slot = d;
@@ -70,11 +76,13 @@ impl DeltaIndex {
     pub fn clear(&mut self) {
         debug_assert_eq!(self.len, 0);
         self.chunks = Vec::new();
+        self.allocated = 0;
     }
 
     pub fn heap_bytes(&self) -> usize {
+        debug_assert_eq!(self.allocated, self.chunks.iter().flatten().count());
         self.chunks.capacity() * std::mem::size_of::<Option<Box<[u32; CHUNK_GROUPS]>>>()
-            + self.chunks.iter().flatten().count() * CHUNK_GROUPS * 4
+            + self.allocated * CHUNK_GROUPS * 4
     }
 }
 

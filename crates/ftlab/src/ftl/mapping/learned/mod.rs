@@ -314,6 +314,10 @@ pub struct LearnedMapping {
     deltas: Vec<Delta>,
     /// Which offsets each delta's runs hold (parallel to `deltas`).
     buffered_bits: Vec<BufferedBits>,
+    /// The deltas' run lists' capacities, in bytes (so `heap_bytes` is O(1)).
+    run_bytes: usize,
+    /// `heap_bytes` at its largest so far (`peak_heap_bytes`).
+    peak_bytes: usize,
     /// Buffered writes of PPNs so far, while `write_times` is kept (restarted before it wraps).
     buffer_clock: u32,
     write_times: WriteTimes,
@@ -363,6 +367,8 @@ impl LearnedMapping {
             delta_index: DeltaIndex::new(groups),
             deltas: Vec::new(),
             buffered_bits: Vec::new(),
+            run_bytes: 0,
+            peak_bytes: 0,
             buffer_clock: 0,
             write_times: WriteTimes::default(),
             buffered_entries: 0,
@@ -968,9 +974,11 @@ impl LearnedMapping {
         // at a time cost this function 13 % more instructions on files' simulated updates, and
         // 48 more bytes are little beside a delta's 512 bytes of bits.
         if delta.runs.capacity() - delta.runs.len() < 2 {
+            let before = delta.runs.capacity();
             delta
                 .runs
                 .reserve_exact((delta.runs.len() / 4).max(MIN_RUNS_GROWTH));
+            self.run_bytes += (delta.runs.capacity() - before) * std::mem::size_of::<DeltaRun>();
         }
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
         set_bit(&mut self.buffered_bits[d as usize], off, value.is_some());
@@ -992,6 +1000,16 @@ impl LearnedMapping {
         } else {
             self.set_tail();
         }
+        // Where the buffer grows (a new delta, a longer list, an index chunk), and the times
+        // `write_times` added since the last note, which nothing frees before the next.
+        self.note_peak(0);
+    }
+
+    /// Counts `heap_bytes`, plus `extra` bytes held besides (a delta being merged), into the
+    /// peak. Called where the table grows, before anything it holds is freed.
+    #[inline]
+    fn note_peak(&mut self, extra: usize) {
+        self.peak_bytes = self.peak_bytes.max(self.heap_bytes() + extra);
     }
 
     /// Removes delta `d` from the slab (swap-remove) and returns it.
@@ -999,6 +1017,7 @@ impl LearnedMapping {
         debug_assert_eq!(self.tail.pending, 0);
         let delta = self.deltas.swap_remove(d as usize);
         self.buffered_bits.swap_remove(d as usize);
+        self.run_bytes -= delta.runs.capacity() * std::mem::size_of::<DeltaRun>();
         self.last_delta = NO_LAST_DELTA;
         self.tail = Tail::NONE;
         self.delta_index.remove(delta.group);
@@ -1073,6 +1092,9 @@ impl LearnedMapping {
 
     /// Folds delta `d` into its group's blob.
     fn merge(&mut self, d: u32, work: &mut MergeScratch) {
+        // Everything the table holds now, before the merge frees the delta (or the arena its
+        // garbage).
+        self.note_peak(0);
         let delta = self.drop_delta(d);
         let g = delta.group;
         work.base.clear();
@@ -1090,6 +1112,13 @@ impl LearnedMapping {
         );
         self.groups
             .set(g, group::encode_runs(&work.merged, &mut work.encode));
+        // The arena may have grown before its garbage was collected; the delta is still held.
+        let rest = self.heap_bytes() - self.groups.heap_bytes();
+        self.peak_bytes = self.peak_bytes.max(
+            self.groups.set_peak_heap_bytes()
+                + rest
+                + delta.runs.capacity() * std::mem::size_of::<DeltaRun>(),
+        );
         // The span may say "buffered" for what is now compressed (only the statistics care).
         *self.span.get_mut() = Span::default();
         self.follow.get_mut().lpn = 0;
@@ -1274,17 +1303,25 @@ impl MappingTable for LearnedMapping {
         self.live
     }
 
+    /// O(1): the run lists' share is kept as it changes (`run_bytes`).
     fn heap_bytes(&self) -> usize {
+        debug_assert_eq!(
+            self.run_bytes,
+            self.deltas
+                .iter()
+                .map(|d| d.runs.capacity() * std::mem::size_of::<DeltaRun>())
+                .sum::<usize>()
+        );
         self.compressed_bytes()
             + self.delta_index.heap_bytes()
             + self.write_times.chunks.capacity() * 4
             + self.deltas.capacity() * std::mem::size_of::<Delta>()
             + self.buffered_bits.capacity() * std::mem::size_of::<BufferedBits>()
-            + self
-                .deltas
-                .iter()
-                .map(|d| d.runs.capacity() * std::mem::size_of::<DeltaRun>())
-                .sum::<usize>()
+            + self.run_bytes
+    }
+
+    fn peak_heap_bytes(&self) -> usize {
+        self.peak_bytes.max(self.heap_bytes())
     }
 
     #[inline]

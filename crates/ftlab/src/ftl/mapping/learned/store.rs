@@ -92,6 +92,11 @@ pub struct GroupStore {
     /// The chunks' directory bytes, `form_bytes` summed (what a faster form may add is
     /// bounded by the blobs).
     directory_bytes: usize,
+    /// The chunks' heap, `form_heap_bytes` summed (capacities), so `heap_bytes` is O(1).
+    directory_heap_bytes: usize,
+    /// `heap_bytes` at its largest during the last `set` (a grown arena before its garbage is
+    /// collected), for the table's peak.
+    set_peak_heap_bytes: usize,
 }
 
 /// Directory bytes of a chunk listing `n` groups, as `put_slot` weighs the forms.
@@ -110,6 +115,15 @@ fn form_bytes(dir: &Dir) -> usize {
         Dir::Sparse { ids, .. } => list_bytes(ids.len()),
         Dir::Ranked(r) => ranked_bytes(r.slots.len()),
         Dir::Dense(slots) => slots.len() * 4,
+    }
+}
+
+/// A chunk's heap bytes (capacities).
+fn form_heap_bytes(dir: &Dir) -> usize {
+    match dir {
+        Dir::Dense(slots) => slots.len() * 4,
+        Dir::Ranked(r) => RANKED_FIXED_BYTES + r.slots.capacity() * 4,
+        Dir::Sparse { ids, slots } => ids.capacity() * 2 + slots.capacity() * 4,
     }
 }
 
@@ -132,6 +146,8 @@ impl GroupStore {
             arena: vec![0; group::TAIL_PAD],
             garbage_bytes: 0,
             directory_bytes: 0,
+            directory_heap_bytes: 0,
+            set_peak_heap_bytes: 0,
         }
     }
 
@@ -207,9 +223,16 @@ impl GroupStore {
             }
         };
         self.put_slot(g, slot);
+        // Before any collection: the arena may have grown, the directory too.
+        self.set_peak_heap_bytes = self.heap_bytes();
         if self.garbage_bytes > MIN_GARBAGE_BYTES && 4 * self.garbage_bytes > self.arena.len() {
             self.collect();
         }
+    }
+
+    /// `heap_bytes` at its largest during the last `set`.
+    pub fn set_peak_heap_bytes(&self) -> usize {
+        self.set_peak_heap_bytes
     }
 
     fn put_slot(&mut self, g: u32, slot: u32) {
@@ -219,6 +242,7 @@ impl GroupStore {
         // The last chunk covers only the groups the device has.
         let chunk_groups = CHUNK_GROUPS.min(self.groups - c * CHUNK_GROUPS);
         let other_chunks_bytes = self.directory_bytes - form_bytes(&self.chunks[c]);
+        let other_chunks_heap_bytes = self.directory_heap_bytes - form_heap_bytes(&self.chunks[c]);
         let chunk = &mut self.chunks[c];
         // A chunk moves to a faster form (list -> bitmap -> array) once that is smaller, or
         // while the whole directory would still cost under 1/16 of the blobs: then a lookup
@@ -280,6 +304,7 @@ impl GroupStore {
             }
         }
         self.directory_bytes = other_chunks_bytes + form_bytes(&self.chunks[c]);
+        self.directory_heap_bytes = other_chunks_heap_bytes + form_heap_bytes(&self.chunks[c]);
     }
 
     /// Slides the live blobs down over the garbage, in arena order, within the same buffer.
@@ -367,20 +392,18 @@ impl GroupStore {
                 Dir::Dense(_) => {}
             }
         }
+        self.directory_heap_bytes = self.chunks.iter().map(form_heap_bytes).sum();
     }
 
+    /// O(1): the directory's share is kept as it changes (`directory_heap_bytes`).
     pub fn heap_bytes(&self) -> usize {
+        debug_assert_eq!(
+            self.directory_heap_bytes,
+            self.chunks.iter().map(form_heap_bytes).sum::<usize>()
+        );
         self.arena.capacity()
             + self.chunks.capacity() * std::mem::size_of::<Dir>()
-            + self
-                .chunks
-                .iter()
-                .map(|c| match c {
-                    Dir::Dense(slots) => slots.len() * 4,
-                    Dir::Ranked(r) => RANKED_FIXED_BYTES + r.slots.capacity() * 4,
-                    Dir::Sparse { ids, slots } => ids.capacity() * 2 + slots.capacity() * 4,
-                })
-                .sum::<usize>()
+            + self.directory_heap_bytes
     }
 }
 
