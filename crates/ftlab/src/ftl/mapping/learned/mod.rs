@@ -956,6 +956,7 @@ impl LearnedMapping {
                     runs: Vec::new(),
                 });
                 self.delta_index.set(g, d);
+                self.note_peak(0);
                 d
             }
         };
@@ -979,7 +980,9 @@ impl LearnedMapping {
                 .runs
                 .reserve_exact((delta.runs.len() / 4).max(MIN_RUNS_GROWTH));
             self.run_bytes += (delta.runs.capacity() - before) * std::mem::size_of::<DeltaRun>();
+            self.note_peak(0);
         }
+        let delta = &mut self.deltas[d as usize];
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
         set_bit(&mut self.buffered_bits[d as usize], off, value.is_some());
         // Fewer than GROUP_LPNS runs, so the index fits.
@@ -996,17 +999,18 @@ impl LearnedMapping {
             _ => {}
         }
         if delta.entries == 0 {
+            // What grew since the last note (`write_times`) before the delta is freed.
+            self.note_peak(0);
             self.drop_delta(d);
         } else {
             self.set_tail();
         }
-        // Where the buffer grows (a new delta, a longer list, an index chunk), and the times
-        // `write_times` added since the last note, which nothing frees before the next.
-        self.note_peak(0);
     }
 
     /// Counts `heap_bytes`, plus `extra` bytes held besides (a delta being merged), into the
-    /// peak. Called where the table grows, before anything it holds is freed.
+    /// peak. Called where the buffer grows (a new delta and its index chunk, a longer list) and
+    /// before anything is freed (merges, a delta emptied by trims), so `write_times`, which grows
+    /// elsewhere and only shrinks in `compact`, is counted before anything else goes.
     #[inline]
     fn note_peak(&mut self, extra: usize) {
         self.peak_bytes = self.peak_bytes.max(self.heap_bytes() + extra);
