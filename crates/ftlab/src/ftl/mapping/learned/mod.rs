@@ -956,7 +956,7 @@ impl LearnedMapping {
                     runs: Vec::new(),
                 });
                 self.delta_index.set(g, d);
-                self.note_peak(0);
+                self.note_peak();
                 d
             }
         };
@@ -980,7 +980,7 @@ impl LearnedMapping {
                 .runs
                 .reserve_exact((delta.runs.len() / 4).max(MIN_RUNS_GROWTH));
             self.run_bytes += (delta.runs.capacity() - before) * std::mem::size_of::<DeltaRun>();
-            self.note_peak(0);
+            self.note_peak();
         }
         let delta = &mut self.deltas[d as usize];
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
@@ -999,26 +999,25 @@ impl LearnedMapping {
             _ => {}
         }
         if delta.entries == 0 {
-            // What grew since the last note (`write_times`) before the delta is freed.
-            self.note_peak(0);
             self.drop_delta(d);
         } else {
             self.set_tail();
         }
     }
 
-    /// Counts `heap_bytes`, plus `extra` bytes held besides (a delta being merged), into the
-    /// peak. Called where the buffer grows (a new delta and its index chunk, a longer list) and
-    /// before anything is freed (merges, a delta emptied by trims), so `write_times`, which grows
-    /// elsewhere and only shrinks in `compact`, is counted before anything else goes.
+    /// Counts `heap_bytes` into the peak. Called where the buffer grows (a new delta and its
+    /// index chunk, a longer list) and before a delta is freed (`drop_delta`: merges, trims), so
+    /// `write_times`, which grows elsewhere and shrinks only in `compact`, is counted before
+    /// anything else goes. (The arena's growth within a merge: `merge`.)
     #[inline]
-    fn note_peak(&mut self, extra: usize) {
-        self.peak_bytes = self.peak_bytes.max(self.heap_bytes() + extra);
+    fn note_peak(&mut self) {
+        self.peak_bytes = self.peak_bytes.max(self.heap_bytes());
     }
 
-    /// Removes delta `d` from the slab (swap-remove) and returns it.
+    /// Removes delta `d` from the slab (swap-remove) and returns it; the peak counts it first.
     fn drop_delta(&mut self, d: u32) -> Delta {
         debug_assert_eq!(self.tail.pending, 0);
+        self.note_peak();
         let delta = self.deltas.swap_remove(d as usize);
         self.buffered_bits.swap_remove(d as usize);
         self.run_bytes -= delta.runs.capacity() * std::mem::size_of::<DeltaRun>();
@@ -1096,9 +1095,6 @@ impl LearnedMapping {
 
     /// Folds delta `d` into its group's blob.
     fn merge(&mut self, d: u32, work: &mut MergeScratch) {
-        // Everything the table holds now, before the merge frees the delta (or the arena its
-        // garbage).
-        self.note_peak(0);
         let delta = self.drop_delta(d);
         let g = delta.group;
         work.base.clear();
