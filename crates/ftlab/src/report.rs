@@ -32,6 +32,10 @@ pub struct SeriesRow {
     /// Requests arriving per simulated second in this interval.
     pub iops: f64,
     pub free_superblocks: u32,
+    /// The mapping table's DRAM at the interval's end (`MappingTable::heap_bytes`): how a
+    /// table with a buffer or garbage to collect breathes over the run.
+    #[serde(default)]
+    pub mapping_bytes: u64,
 }
 
 /// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
@@ -130,6 +134,7 @@ impl Recorder {
             waf_cumulative: s.waf(),
             iops: self.requests_in_interval as f64 * 1e9 / width_ns.max(1) as f64,
             free_superblocks: ftl.free_superblocks(),
+            mapping_bytes: ftl.mapping_bytes() as u64,
         });
         self.last_host = s.host_write_pages;
         self.last_nand = s.nand_write_pages();
@@ -461,19 +466,20 @@ impl Report {
 
     pub fn series_csv(&self) -> String {
         let mut out = String::from(
-            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks\n",
+            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes\n",
         );
         for r in &self.series {
             let _ = writeln!(
                 out,
-                "{},{},{},{:.4},{:.4},{:.1},{}",
+                "{},{},{},{:.4},{:.4},{:.1},{},{}",
                 r.end_ns,
                 r.host_write_pages,
                 r.nand_write_pages,
                 r.waf,
                 r.waf_cumulative,
                 r.iops,
-                r.free_superblocks
+                r.free_superblocks,
+                r.mapping_bytes
             );
         }
         out
