@@ -314,6 +314,13 @@ fn mapbench_tiles_a_trace_over_a_larger_device() {
     let peak = v["peak_resident_bytes"].as_u64().expect("a peak on Linux");
     assert!(peak > bytes, "peak {peak} vs the table's {bytes}");
     assert!(stdout.contains("process peak resident: "), "{stdout}");
+    // The table's own peak lies between what it ends with and what the process held.
+    let table_peak = v["bytes_peak"].as_u64().unwrap();
+    assert!(
+        table_peak > bytes && table_peak < peak,
+        "{bytes} < {table_peak} < {peak}"
+    );
+    assert!(stdout.contains("learned table at its peak: "), "{stdout}");
 
     let (ok, _, stderr) = ftlab(&["mapbench", "--tile-to", "1M", t]);
     assert!(
