@@ -45,7 +45,8 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
-    let (top, bottom) = root.split_vertically(SIZE.1 * 3 / 5);
+    let (top, rest) = root.split_vertically(SIZE.1 / 2);
+    let (bottom, mapping) = rest.split_vertically(SIZE.1 / 4);
     let rows = &r.series;
     let t_end = rows.last().map_or(1.0, |x| x.end_ns as f64 / 1e9).max(1e-9);
     let start = 0.0;
@@ -113,6 +114,37 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
             rows.iter()
                 .map(|x| (x.end_ns as f64 / 1e9, f64::from(x.free_superblocks))),
             &GREEN,
+        ))
+        .map_err(err)?;
+    // The mapping table's DRAM: flat for an array, breathing for a table with an update buffer
+    // and garbage to collect; its peak (preconditioning included) as a dashed line.
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let peak_mib = mib(r.mapping.bytes_peak.max(r.mapping.bytes));
+    let mut chart = ChartBuilder::on(&mapping)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(start..t_end, 0.0..(peak_mib * 1.1).max(1e-3))
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated time (s)")
+        .y_desc(format!("{} table (MiB)", r.mapping.table))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            rows.iter()
+                .map(|x| (x.end_ns as f64 / 1e9, mib(x.mapping_bytes))),
+            &MAGENTA,
+        ))
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(start, peak_mib), (t_end, peak_mib)],
+            6,
+            4,
+            BLACK.into(),
         ))
         .map_err(err)?;
     root.present().map_err(err)?;
