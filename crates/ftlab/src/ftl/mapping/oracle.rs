@@ -15,6 +15,8 @@ pub fn check_table<M: MappingTable>(
     mut after_op: impl FnMut(&M, &HashMap<u32, u32>),
 ) {
     let mut oracle: HashMap<u32, u32> = HashMap::new();
+    // The largest heap seen after an operation: the table's peak may not be below it.
+    let mut most_bytes = table.heap_bytes();
     for &(lpn, value) in ops {
         let (old, expected) = match value {
             // Half of the updates of a mapped LPN to a new PPN go as GC moves do, through
@@ -51,6 +53,13 @@ pub fn check_table<M: MappingTable>(
                 table.name()
             );
         }
+        most_bytes = most_bytes.max(table.heap_bytes());
+        assert!(
+            table.peak_heap_bytes() >= most_bytes,
+            "{}: peak {} below a size it had, {most_bytes}",
+            table.name(),
+            table.peak_heap_bytes()
+        );
         after_op(table, &oracle);
     }
     for lpn in 0..lpns {
@@ -68,6 +77,7 @@ pub fn check_table<M: MappingTable>(
         table.get(mid);
     }
     table.compact();
+    assert!(table.peak_heap_bytes() >= most_bytes, "{}", table.name());
     for lpn in (mid + 1..lpns).chain(0..(mid + 1).min(lpns)) {
         let want = oracle.get(&lpn).copied();
         assert_eq!(
