@@ -536,22 +536,29 @@ fn simulator_ppns_carry_the_gc_relocations() {
     let live = |m: &[u32]| m.iter().filter(|&&v| v != REMOVE).count();
     assert_eq!(live(&log_map), live(&sim_map));
     assert_ne!(log_map, sim_map, "GC moved pages, so some PPNs differ");
+    let result = extent_and_learned_read_back(&sim);
+    assert_eq!(
+        result.simulator.as_ref().unwrap().gc_write_pages,
+        run.gc_write_pages
+    );
+}
+
+/// `ftlab mapbench`'s run of the extent and learned tables over the simulator's `ops`, each
+/// table checked to read every mapping back.
+fn extent_and_learned_read_back(ops: &ftlab::mapbench::MapOps) -> ftlab::mapbench::MapBench {
     let result = ftlab::mapbench::run(
         "random.csv",
-        PpnSource::Simulator,
-        &sim,
+        ftlab::mapbench::PpnSource::Simulator,
+        ops,
         &["extent".to_string(), "learned".to_string()],
         1,
         ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
         &mut |_| {},
     );
-    assert_eq!(
-        result.simulator.as_ref().unwrap().gc_write_pages,
-        run.gc_write_pages
-    );
     for t in &result.tables {
         assert!(t.lossless_verified, "{}", t.name);
     }
+    result
 }
 
 /// A fill (`mapbench --precondition`) writes every LPN once, in order, before the trace, so a
@@ -611,19 +618,8 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
     assert_eq!(log.updates[pages as usize].1 as u64, pages);
     assert_eq!(live(&log.oracle()), pages);
 
-    let result = ftlab::mapbench::run(
-        "random.csv",
-        PpnSource::Simulator,
-        &full,
-        &["extent".to_string(), "learned".to_string()],
-        1,
-        ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
-        &mut |_| {},
-    );
+    let result = extent_and_learned_read_back(&full);
     assert_eq!(result.fill_updates, full.fill_updates);
-    for t in &result.tables {
-        assert!(t.lossless_verified, "{}", t.name);
-    }
     // Devices too large to fill are refused, naming the trace.
     let err = ops_from_trace_with(
         &path,
@@ -642,57 +638,45 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
 }
 
 /// `peak_heap_bytes` is what DRAM a table needed at its largest: never less than its heap after
-/// any operation (sampled here after every one), not less than at the end, and for the tables
+/// any operation (`oracle::check_table` samples it after every one), and for the tables
 /// whose memory shrinks (the learned table's merges and arena collections, the extent map's
 /// emptied chunks, any table's `compact`) more than it ends with. Debug builds (these tests')
 /// also check the learned and extent tables' O(1) byte counts against full sums on every call.
 #[test]
 fn the_peak_bytes_bound_every_size_the_table_went_through() {
     use ftlab::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping};
-    fn drive<M: MappingTable>(mut table: M) -> (usize, usize, usize) {
-        let mut rng = ftlab::rng::SplitMix64::new(21);
-        let (mut head, mut most) = (0u32, table.heap_bytes());
-        for step in 0..60_000u32 {
-            let lpn = rng.bounded(u64::from(LPNS)) as u32;
-            match step % 7 {
-                // Streams, random pages, and trims of whole stretches (which empty groups and
-                // extent chunks).
-                0..=2 => {
-                    for l in lpn..(lpn + 16).min(LPNS) {
-                        table.set(l, head);
-                        head += 1;
-                    }
-                }
-                3..=5 => {
-                    table.set(lpn, head);
-                    head += 1;
-                }
-                _ => {
-                    for l in lpn..(lpn + 300).min(LPNS) {
-                        table.remove(l);
-                    }
-                }
-            }
-            most = most.max(table.heap_bytes());
-            assert!(
-                table.peak_heap_bytes() >= most,
-                "{} step {step}: {} < {most}",
-                table.name(),
-                table.peak_heap_bytes()
-            );
+    // Streams, random pages, and trims of whole stretches (which empty groups and extent
+    // chunks), with PPNs from a log head.
+    let mut rng = ftlab::rng::SplitMix64::new(21);
+    let (mut ops, mut head) = (Vec::new(), 0u32);
+    for step in 0..20_000u32 {
+        let lpn = rng.bounded(u64::from(LPNS)) as u32;
+        let (len, trim) = match step % 7 {
+            0..=2 => (16, false),
+            3..=5 => (1, false),
+            _ => (300, true),
+        };
+        for l in lpn..(lpn + len).min(LPNS) {
+            ops.push((l, (!trim).then_some(head)));
+            head += u32::from(!trim);
         }
-        let end = table.heap_bytes();
-        table.compact();
-        assert!(table.peak_heap_bytes() >= most);
+    }
+    // `check_table` asserts after every operation, and after `compact`, that the peak is not
+    // below any heap the table had; this returns the peak, the heap at the end and compacted.
+    fn drive<M: MappingTable>(mut table: M, ops: &[(u32, Option<u32>)]) -> (usize, usize, usize) {
+        let mut end = 0;
+        oracle::check_table(&mut table, ops, LPNS, |t, _| end = t.heap_bytes());
         (table.peak_heap_bytes(), end, table.heap_bytes())
     }
-    let (peak, end, compacted) = drive(FlatMapping::new(u64::from(LPNS)));
+    let (peak, end, compacted) = drive(FlatMapping::new(u64::from(LPNS)), &ops);
     assert!(peak == end && end == compacted);
-    let (peak, _, compacted) = drive(HashMapping::new());
+    let (peak, _, compacted) = drive(HashMapping::new(), &ops);
     assert!(peak > compacted, "{peak} {compacted}");
-    let (peak, _, compacted) = drive(ExtentMapping::new());
+    let (peak, _, compacted) = drive(ExtentMapping::new(), &ops);
     assert!(peak > compacted, "{peak} {compacted}");
-    let (peak, end, compacted) =
-        drive(LearnedMapping::with_buffer(u64::from(LPNS), 64).buffer_min_groups(2));
+    let (peak, end, compacted) = drive(
+        LearnedMapping::with_buffer(u64::from(LPNS), 64).buffer_min_groups(2),
+        &ops,
+    );
     assert!(peak > end && end > compacted, "{peak} {end} {compacted}");
 }

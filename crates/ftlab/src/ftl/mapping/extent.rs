@@ -75,7 +75,10 @@ impl ExtentMapping {
         let before = chunk.capacity();
         let old = runs::assign(chunk, lpn, ppn);
         // (Inserting and removing runs never shrinks a chunk.)
-        self.run_bytes += (chunk.capacity() - before) * EXTENT_BYTES;
+        let grown = (chunk.capacity() - before) * EXTENT_BYTES;
+        self.run_bytes += grown;
+        // The peak is noted where the heap grew (a chunk's capacity, a split) and before a chunk
+        // is freed: the heap changes nowhere else.
         if chunk.is_empty() {
             let freed = chunk.capacity() * EXTENT_BYTES;
             self.note_peak();
@@ -89,8 +92,10 @@ impl ExtentMapping {
                 self.run_bytes += upper.capacity() * EXTENT_BYTES;
                 self.first_lpn.insert(c + 1, upper[0].lpn);
                 self.chunks.insert(c + 1, upper);
+                self.note_peak();
+            } else if grown > 0 {
+                self.note_peak();
             }
-            self.note_peak();
         }
         old
     }
