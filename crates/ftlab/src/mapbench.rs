@@ -54,6 +54,10 @@ pub struct MapOps {
 /// collection moved pages or erased blocks were written again: the header says what it did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SimulatorRun {
+    /// The drive's spare fraction, (physical - logical) / physical (`DriveSetup`).
+    pub spare_factor: f64,
+    /// The settings given over the default preset (`DriveSetup::settings`), as given.
+    pub settings: Vec<String>,
     /// Write amplification: 1.0 when the GC moved nothing.
     pub waf: f64,
     /// Pages the garbage collection moved (each a table update).
@@ -97,22 +101,40 @@ pub fn ops_from_trace(
     device_bytes: Option<u64>,
     source: PpnSource,
 ) -> anyhow::Result<MapOps> {
-    ops_from_trace_with(path, format, device_bytes, source, false, &mut |_| {})
+    ops_from_trace_with(
+        path,
+        format,
+        device_bytes,
+        source,
+        &OpsOptions::default(),
+        &mut |_| {},
+    )
 }
 
-/// `ops_from_trace`; with `fill`, every LPN is first written once, in order (as `ftlab sim`'s
-/// preconditioning fills a drive, without its random overwrites), so that the trace runs on a
-/// full drive. Then the simulator's garbage collection has to move pages to make room, and
-/// those moves are updates too. A trace that begins by discarding the whole device (mkfs, in
-/// the nbdkit logs) frees the fill again. `progress` hears the simulator's phases.
+/// What `ops_from_trace_with` does besides reading the trace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpsOptions {
+    /// Every LPN is first written once, in order (as `ftlab sim`'s preconditioning fills a
+    /// drive, without its random overwrites), so that the trace runs on a full drive. Then the
+    /// simulator's garbage collection has to move pages to make room, and those moves are
+    /// updates too. A trace that begins by discarding the whole device (mkfs, in the nbdkit
+    /// logs) frees the fill again.
+    pub fill: bool,
+    /// The drive behind `PpnSource::Simulator` (unused with log-head PPNs).
+    pub drive: DriveSetup,
+}
+
+/// `ops_from_trace` with `options` (a fill, the simulated drive). `progress` hears the
+/// simulator's phases.
 pub fn ops_from_trace_with(
     path: &Path,
     format: Option<TraceFormat>,
     device_bytes: Option<u64>,
     source: PpnSource,
-    fill: bool,
+    options: &OpsOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<MapOps> {
+    let fill = options.fill;
     let mut reader = TraceReader::open(path, format, false)?;
     let mut requests = Vec::new();
     let mut end_bytes = 0u64;
@@ -191,7 +213,8 @@ pub fn ops_from_trace_with(
             }
         }
         PpnSource::Simulator => {
-            let sim = simulator_updates(path, format, device_bytes, fill, progress)?;
+            let sim =
+                simulator_updates(path, format, device_bytes, fill, &options.drive, progress)?;
             (ops.updates, ops.fill_updates, ops.simulator) =
                 (sim.updates, sim.fill_updates, Some(sim.run));
         }
@@ -255,6 +278,67 @@ impl MappingTable for Recording {
 /// drive's.
 pub const SIM_SPARE_FACTOR: f64 = 0.07;
 
+/// The drive behind `PpnSource::Simulator`: the default preset, these settings over it, and
+/// flash sized to the device plus `spare_factor`. Which drive wrote the PPNs is what a
+/// researcher varies (spare, GC frontiers and thresholds, streams, an aged drive), so both are
+/// the user's (`ftlab mapbench --spare-factor`, `--sim-set`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DriveSetup {
+    /// (physical - logical) / physical, as MQSim's `Overprovisioning_Ratio`.
+    pub spare_factor: f64,
+    /// `KEY=VALUE` assignments as `ftlab sim --set` takes them (docs/config.md), applied after
+    /// mapbench's own defaults (`flash.superblock_dies=1`, `workload.precondition_overwrites=0`)
+    /// and before the flash is sized, so a geometry key sizes it too. `OWNED_KEYS` are refused.
+    pub settings: Vec<String>,
+}
+
+impl Default for DriveSetup {
+    fn default() -> Self {
+        DriveSetup {
+            spare_factor: SIM_SPARE_FACTOR,
+            settings: Vec::new(),
+        }
+    }
+}
+
+/// Keys (or whole tables) `DriveSetup::settings` may not set: mapbench sets them from the trace
+/// and `--precondition`, or they do not apply (the updates are recorded through mapbench's own
+/// table, whatever `ftl.mapping` says).
+pub const OWNED_KEYS: [&str; 7] = [
+    "capacity",
+    "flash.blocks_per_die",
+    "workload.trace",
+    "workload.format",
+    "workload.precondition",
+    "ftl.mapping",
+    "ftl.learned_buffer_divisor",
+];
+
+/// Why `setting` (`KEY=VALUE`) cannot be part of a `DriveSetup`, if it cannot.
+pub fn refused_setting(setting: &str) -> Option<String> {
+    let Some((key, _)) = setting.split_once('=') else {
+        return Some(format!("`{setting}` is not KEY=VALUE"));
+    };
+    let key = key.trim();
+    let owned = OWNED_KEYS.iter().find(|&&k| {
+        key == k || key.starts_with(&format!("{k}.")) || k.starts_with(&format!("{key}."))
+    })?;
+    Some(match *owned {
+        "capacity" | "flash.blocks_per_die" => format!(
+            "`{key}`: mapbench sizes the flash to the device (--device-bytes) plus the spare \
+             (--spare-factor)"
+        ),
+        "workload.precondition" => format!("`{key}`: use --precondition"),
+        "workload.trace" | "workload.format" => {
+            format!("`{key}`: the trace is the one benchmarked (and --format its format)")
+        }
+        _ => format!(
+            "`{key}`: the simulator's updates are recorded through mapbench's own table; \
+             --tables and --learned-buffer-divisor choose what is compared"
+        ),
+    })
+}
+
 /// What `simulator_updates` recorded.
 struct SimulatedUpdates {
     updates: Vec<(u32, u32)>,
@@ -270,28 +354,46 @@ fn simulator_updates(
     format: Option<TraceFormat>,
     device_bytes: u64,
     fill: bool,
+    drive: &DriveSetup,
     progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<SimulatedUpdates> {
-    // The default preset's flash, with just enough blocks per die for the device plus
-    // SIM_SPARE_FACTOR spare and per-die superblocks, so that garbage collection relocates
-    // pages as in a real drive, once the trace has written more than the free space.
+    // The default preset's flash, with just enough blocks per die for the device plus the
+    // spare and per-die superblocks, so that garbage collection relocates pages as in a real
+    // drive, once the trace has written more than the free space.
     // (A fill does not make it run sooner on traces that begin with mkfs: its discard of the
     // whole device frees everything again.)
+    anyhow::ensure!(
+        drive.spare_factor > 0.0 && drive.spare_factor < 1.0,
+        "spare factor {} is not between 0 and 1",
+        drive.spare_factor
+    );
     let mut builder = ConfigBuilder::from_preset(crate::config::DEFAULT_PRESET)?;
-    let f = builder.clone().build()?.flash;
+    // Superblocks of one die's block: with few blocks per die, whole-device stripes would
+    // leave GC too few units to work with.
+    builder.set("flash.superblock_dies=1")?;
+    builder.set("workload.precondition_overwrites=0")?;
+    for setting in &drive.settings {
+        if let Some(why) = refused_setting(setting) {
+            anyhow::bail!("--sim-set {why}");
+        }
+        builder
+            .set(setting)
+            .map_err(|e| anyhow::anyhow!("--sim-set {setting}: {e}"))?;
+    }
+    let f = builder
+        .clone()
+        .build()
+        .map_err(|e| anyhow::anyhow!("--sim-set {}: {e}", drive.settings.join(" ")))?
+        .flash;
     let block_row_bytes = u64::from(f.channels)
         * u64::from(f.dies_per_channel)
         * u64::from(f.planes_per_die)
         * u64::from(f.pages_per_block)
         * u64::from(f.page_size_bytes);
-    let physical_bytes = (device_bytes as f64 / (1.0 - SIM_SPARE_FACTOR)).ceil() as u64;
+    let physical_bytes = (device_bytes as f64 / (1.0 - drive.spare_factor)).ceil() as u64;
     let blocks_per_die = physical_bytes.div_ceil(block_row_bytes).max(8);
     builder.set(&format!("flash.blocks_per_die={blocks_per_die}"))?;
-    // Superblocks of one die's block: with few blocks per die, whole-device stripes would
-    // leave GC too few units to work with.
-    builder.set("flash.superblock_dies=1")?;
     builder.set(&format!("workload.precondition={fill}"))?;
-    builder.set("workload.precondition_overwrites=0")?;
     builder.set(&format!("capacity.logical_bytes={device_bytes}"))?;
     builder.set(&format!(
         "workload.trace={}",
@@ -300,7 +402,13 @@ fn simulator_updates(
     if let Some(f) = format {
         builder.set(&format!("workload.format=\"{}\"", f.name()))?;
     }
-    let config = builder.build()?;
+    let config = builder.build().map_err(|e| {
+        anyhow::anyhow!(
+            "the simulated drive ({} bytes, spare factor {}): {e}",
+            device_bytes,
+            drive.spare_factor
+        )
+    })?;
     let log = Rc::new(RefCell::new(Vec::new()));
     let measured_from = Rc::new(RefCell::new(0));
     let table = Recording {
@@ -314,6 +422,8 @@ fn simulator_updates(
         updates: log.take(),
         fill_updates,
         run: SimulatorRun {
+            spare_factor: drive.spare_factor,
+            settings: drive.settings.clone(),
             waf: report.waf,
             gc_write_pages: report.gc_write_pages,
             erases: report.erases,
@@ -843,10 +953,11 @@ pub fn markdown(b: &MapBench) -> String {
         b.trace, b.ppns, b.logical_pages, b.updates, b.gets, b.live_mappings
     );
     if let Some(sim) = &b.simulator {
+        let settings: String = sim.settings.iter().map(|s| format!(", {s}")).collect();
         let _ = writeln!(
             o,
-            "simulated drive: WAF {:.3}, {} blocks erased, {} pages moved by GC",
-            sim.waf, sim.erases, sim.gc_write_pages
+            "simulated drive (spare factor {}{settings}): WAF {:.3}, {} blocks erased, {} pages moved by GC",
+            sim.spare_factor, sim.waf, sim.erases, sim.gc_write_pages
         );
     }
     let _ = writeln!(o);

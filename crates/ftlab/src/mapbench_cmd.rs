@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR;
-use ftlab::mapbench::{self, PpnSource, TABLE_NAMES};
+use ftlab::mapbench::{self, DriveSetup, OpsOptions, PpnSource, SIM_SPARE_FACTOR, TABLE_NAMES};
 use ftlab::trace::TraceFormat;
 use std::path::PathBuf;
 
@@ -11,7 +11,9 @@ use std::path::PathBuf;
 ftlab mapbench ../shared/traces/rocksdb.nbdlog.gz\n  \
 ftlab mapbench --ppns both --json maps.json ../shared/traces/*.nbdlog.gz\n  \
 ftlab mapbench --tables extent,learned --device-bytes 4294967296 pgbench.msr.csv.gz\n  \
-ftlab mapbench --ppns simulator --precondition ../shared/traces/pgbench.msr.csv.gz\n\n\
+ftlab mapbench --ppns simulator --precondition ../shared/traces/pgbench.msr.csv.gz\n  \
+ftlab mapbench --ppns simulator --precondition --spare-factor 0.2 \\\n      \
+--sim-set ftl.gc_separate_frontier=true ../shared/traces/files.msr.csv.gz\n\n\
 SET counts every update (page write or trimmed page); GET looks up every page the trace reads \
 or writes, in trace order, after the updates. Memory is measured after each table merges its \
 update buffer and returns spare capacity; 'allocator bytes' is glibc's own count of the same.")]
@@ -24,10 +26,23 @@ pub struct MapbenchArgs {
     format: Option<String>,
     /// Where PPNs come from: log-head (each page write takes the next PPN, the JDB-FTL report's
     /// method), simulator (ftlab's FTL: the default preset's flash sized to the device plus 7 %
-    /// spare; the pages its GC moves are updates too, once the trace has written more than the
-    /// free space, and the output says how many), or both.
+    /// spare, or --spare-factor, with any --sim-set; the pages its GC moves are updates too,
+    /// once the trace has written more than the free space, and the output says how many), or
+    /// both.
     #[arg(long, default_value = "log-head", value_parser = ["log-head", "simulator", "both"])]
     ppns: String,
+    /// With --ppns simulator or both: the simulated drive's spare fraction, (physical -
+    /// logical) / physical, to which its flash is sized [default: 0.07].
+    #[arg(long, value_name = "F", value_parser = parse_spare_factor)]
+    spare_factor: Option<f64>,
+    /// With --ppns simulator or both: a setting of the simulated drive over the default preset,
+    /// as `ftlab sim --set` takes it (docs/config.md), e.g. ftl.gc_separate_frontier=true,
+    /// ftl.gc_thres_pcent=90, flash.pages_per_block=512 (the flash is sized after it), or, with
+    /// --precondition, workload.precondition_overwrites=1 (an aged drive: random overwrites
+    /// after the fill). May be given several times. Keys mapbench sets itself (capacity.*,
+    /// flash.blocks_per_die, workload.trace/format/precondition) and ftl.mapping are refused.
+    #[arg(long, value_name = "KEY=VALUE")]
+    sim_set: Vec<String>,
     /// Tables to compare (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = TABLE_NAMES.map(String::from))]
     tables: Vec<String>,
@@ -109,6 +124,23 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
         "simulator" => &[PpnSource::Simulator],
         _ => &[PpnSource::LogHead, PpnSource::Simulator],
     };
+    anyhow::ensure!(
+        sources.contains(&PpnSource::Simulator)
+            || (args.spare_factor.is_none() && args.sim_set.is_empty()),
+        "--spare-factor and --sim-set describe the simulated drive: they need --ppns simulator or both"
+    );
+    for setting in &args.sim_set {
+        if let Some(why) = mapbench::refused_setting(setting) {
+            anyhow::bail!("--sim-set {why}");
+        }
+    }
+    let options = OpsOptions {
+        fill: args.precondition,
+        drive: DriveSetup {
+            spare_factor: args.spare_factor.unwrap_or(SIM_SPARE_FACTOR),
+            settings: args.sim_set.clone(),
+        },
+    };
     // After the re-run above: only the process that writes it opens it.
     let json = crate::output::Output::open_some(args.json.as_deref(), "the JSON results")?;
     if let Some(bytes) = args.tile_to {
@@ -125,7 +157,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
                 format,
                 args.device_bytes,
                 source,
-                args.precondition,
+                &options,
                 &mut |p| view.update(p),
             )?;
             let result = mapbench::run(
@@ -231,6 +263,19 @@ fn binary_size(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn parse_spare_factor(text: &str) -> Result<f64, String> {
+    let f: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    if f > 0.0 && f < 1.0 {
+        Ok(f)
+    } else {
+        Err(format!(
+            "{f} is not between 0 and 1 (a fraction of the physical space)"
+        ))
     }
 }
 

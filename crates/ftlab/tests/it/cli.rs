@@ -256,6 +256,24 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
     assert!(!ok && stderr.contains("'--repeat <REPEAT>'"), "{stderr}");
     let (ok, _, stderr) = ftlab(&["mapbench", "/nonexistent/trace.csv"]);
     assert!(!ok && stderr.contains("/nonexistent/trace.csv"), "{stderr}");
+    // The simulated drive's options need the simulator, and sound values.
+    let trace = t.to_str().unwrap();
+    let (ok, _, stderr) = ftlab(&["mapbench", "--sim-set", "ftl.streams=2", trace]);
+    assert!(!ok && stderr.contains("need --ppns simulator"), "{stderr}");
+    let (ok, _, stderr) = ftlab(&["mapbench", "--ppns", "both", "--spare-factor", "1.5", trace]);
+    assert!(
+        !ok && stderr.contains("1.5 is not between 0 and 1"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = ftlab(&[
+        "mapbench",
+        "--ppns",
+        "simulator",
+        "--sim-set",
+        "capacity.over_provisioning=0.28",
+        trace,
+    ]);
+    assert!(!ok && stderr.contains("--spare-factor"), "{stderr}");
 }
 
 /// `--tile-to`: the trace's pattern repeated over a device a whole number of times its size,

@@ -567,7 +567,7 @@ fn extent_and_learned_read_back(ops: &ftlab::mapbench::MapOps) -> ftlab::mapbenc
 /// and the trace's PPNs follow on; every table reads the final mapping back.
 #[test]
 fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
-    use ftlab::mapbench::{ops_from_trace_with, PpnSource, REMOVE};
+    use ftlab::mapbench::{ops_from_trace_with, OpsOptions, PpnSource, REMOVE};
     let dir = crate::support::temp_dir("mapbench-fill");
     let path = dir.path().join("random.csv");
     const DEVICE: u64 = 1 << 30;
@@ -589,7 +589,11 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
     let host_pages = requests * CHUNK / 4096;
 
     let ops = |source, fill| {
-        ops_from_trace_with(&path, None, Some(DEVICE), source, fill, &mut |_| {}).unwrap()
+        let options = OpsOptions {
+            fill,
+            ..OpsOptions::default()
+        };
+        ops_from_trace_with(&path, None, Some(DEVICE), source, &options, &mut |_| {}).unwrap()
     };
     let empty = ops(PpnSource::Simulator, false);
     assert_eq!(empty.fill_updates, 0);
@@ -626,7 +630,10 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
         None,
         Some(1 << 41),
         PpnSource::LogHead,
-        true,
+        &OpsOptions {
+            fill: true,
+            ..OpsOptions::default()
+        },
         &mut |_| {},
     )
     .unwrap_err()
@@ -635,6 +642,105 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
         err.contains("random.csv") && err.contains("--precondition"),
         "{err}"
     );
+}
+
+/// The drive behind the simulator's PPNs is the caller's: more spare moves fewer pages on the
+/// same full drive; random overwrites after the fill (an aged drive) come before the trace and
+/// count as the fill's; GC moves to a frontier of their own still arrive as SETs, read back
+/// losslessly; the settings are reported as given; keys mapbench sets itself are refused.
+#[test]
+fn the_simulated_drive_is_the_callers() {
+    use ftlab::mapbench::{ops_from_trace_with, DriveSetup, OpsOptions, PpnSource};
+    let dir = crate::support::temp_dir("mapbench-drive");
+    let path = dir.path().join("random.csv");
+    const DEVICE: u64 = 1 << 30;
+    const CHUNK: u64 = 8 << 10;
+    let pages = DEVICE / 4096;
+    // Three tenths of the device, 8 KiB at random offsets: more than the spare holds.
+    let requests = DEVICE * 3 / 10 / CHUNK;
+    let mut rng = ftlab::rng::SplitMix64::new(7);
+    let mut text = String::from("Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n");
+    for i in 0..requests {
+        let offset = rng.bounded(DEVICE / CHUNK) * CHUNK;
+        text.push_str(&format!(
+            "{},t,0,Write,{offset},{CHUNK},0\n",
+            10_000 * (i + 1)
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
+    let host_pages = requests * CHUNK / 4096;
+    let run = |spare_factor: f64, settings: &[&str]| {
+        let options = OpsOptions {
+            fill: true,
+            drive: DriveSetup {
+                spare_factor,
+                settings: settings.iter().map(|s| s.to_string()).collect(),
+            },
+        };
+        ops_from_trace_with(
+            &path,
+            None,
+            Some(DEVICE),
+            PpnSource::Simulator,
+            &options,
+            &mut |_| {},
+        )
+    };
+
+    let tight = run(0.07, &[]).unwrap();
+    let t = tight.simulator.clone().unwrap();
+    assert_eq!(t.spare_factor, 0.07);
+    assert!(t.settings.is_empty());
+    // The preset's background GC (FEMU's: while under a quarter of the superblocks are free,
+    // any block an eighth invalid) runs whatever the spare; with GC only when the drive is out
+    // of room, the spare decides how much it moves.
+    let lazy = ["ftl.gc_thres_pcent=100", "ftl.gc_thres_pcent_high=100"];
+    let lazy_tight = run(0.07, &lazy).unwrap().simulator.unwrap();
+    let lazy_roomy = run(0.25, &lazy).unwrap().simulator.unwrap();
+    assert_eq!(lazy_roomy.spare_factor, 0.25);
+    assert_eq!(lazy_roomy.settings, lazy);
+    assert!(
+        lazy_roomy.gc_write_pages * 2 < lazy_tight.gc_write_pages
+            && lazy_tight.gc_write_pages < t.gc_write_pages,
+        "{lazy_tight:?} against {lazy_roomy:?} and {t:?}"
+    );
+
+    let aged = run(0.07, &["workload.precondition_overwrites=1"]).unwrap();
+    // The fill and a capacity of random overwrites (and their GC moves) come first.
+    assert!(aged.fill_updates >= 2 * pages, "{}", aged.fill_updates);
+    assert_eq!(
+        aged.updates.len() as u64 - aged.fill_updates,
+        tight.updates.len() as u64 - tight.fill_updates
+            + aged.simulator.as_ref().unwrap().gc_write_pages
+            - t.gc_write_pages,
+        "the trace's own writes are the same {host_pages}"
+    );
+
+    let separate = run(0.07, &["ftl.gc_separate_frontier=true"]).unwrap();
+    let s = separate.simulator.clone().unwrap();
+    assert_eq!(s.settings, ["ftl.gc_separate_frontier=true"]);
+    assert_eq!(
+        separate.writes,
+        separate.fill_updates + host_pages + s.gc_write_pages,
+        "{s:?}"
+    );
+    assert_ne!(separate.updates, tight.updates);
+    extent_and_learned_read_back(&separate);
+
+    for (setting, says) in [
+        ("capacity.spare_factor=0.2", "--spare-factor"),
+        ("flash.blocks_per_die=64", "--spare-factor"),
+        ("workload.precondition=false", "--precondition"),
+        ("ftl.mapping=\"learned\"", "mapbench's own table"),
+        ("ftl.no_such_key=1", "no_such_key"),
+        ("ftl.gc_thres_pcent", "KEY=VALUE"),
+    ] {
+        let err = format!("{:#}", run(0.07, &[setting]).unwrap_err());
+        assert!(
+            err.contains("--sim-set") && err.contains(says),
+            "{setting}: {err}"
+        );
+    }
 }
 
 /// `peak_heap_bytes` is what DRAM a table needed at its largest: never less than its heap after
