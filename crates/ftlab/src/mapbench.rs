@@ -302,11 +302,12 @@ impl Default for DriveSetup {
 }
 
 /// Keys (or whole tables) `DriveSetup::settings` may not set: mapbench sets them from the trace
-/// and `--precondition`, or they do not apply (the updates are recorded through mapbench's own
-/// table, whatever `ftl.mapping` says).
-pub const OWNED_KEYS: [&str; 7] = [
+/// and `--precondition`, its LPNs are 4 KiB pages, or they do not apply (the updates are
+/// recorded through mapbench's own table, whatever `ftl.mapping` says).
+pub const OWNED_KEYS: [&str; 8] = [
     "capacity",
     "flash.blocks_per_die",
+    "flash.page_size_bytes",
     "workload.trace",
     "workload.format",
     "workload.precondition",
@@ -327,6 +328,9 @@ pub fn refused_setting(setting: &str) -> Option<String> {
         "capacity" | "flash.blocks_per_die" => format!(
             "`{key}`: mapbench sizes the flash to the device (--device-bytes) plus the spare \
              (--spare-factor)"
+        ),
+        "flash.page_size_bytes" => format!(
+            "`{key}`: mapbench's pages are {PAGE_BYTES} bytes, its LPNs and the simulator's alike"
         ),
         "workload.precondition" => format!("`{key}`: use --precondition"),
         "workload.trace" | "workload.format" => {

@@ -40,7 +40,8 @@ pub struct MapbenchArgs {
     /// ftl.gc_thres_pcent=90, flash.pages_per_block=512 (the flash is sized after it), or, with
     /// --precondition, workload.precondition_overwrites=1 (an aged drive: random overwrites
     /// after the fill). May be given several times. Keys mapbench sets itself (capacity.*,
-    /// flash.blocks_per_die, workload.trace/format/precondition) and ftl.mapping are refused.
+    /// flash.blocks_per_die, flash.page_size_bytes, workload.trace/format/precondition) and
+    /// ftl.mapping are refused.
     #[arg(long, value_name = "KEY=VALUE")]
     sim_set: Vec<String>,
     /// Tables to compare (comma-separated).

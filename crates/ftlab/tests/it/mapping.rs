@@ -730,6 +730,7 @@ fn the_simulated_drive_is_the_callers() {
     for (setting, says) in [
         ("capacity.spare_factor=0.2", "--spare-factor"),
         ("flash.blocks_per_die=64", "--spare-factor"),
+        ("flash.page_size_bytes=8192", "4096 bytes"),
         ("workload.precondition=false", "--precondition"),
         ("ftl.mapping=\"learned\"", "mapbench's own table"),
         ("ftl.no_such_key=1", "no_such_key"),
