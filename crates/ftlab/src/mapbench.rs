@@ -408,7 +408,8 @@ fn simulator_updates(
     }
     let config = builder.build().map_err(|e| {
         anyhow::anyhow!(
-            "the simulated drive ({} bytes, spare factor {}): {e}",
+            "the simulated drive ({} bytes, spare factor {}): {e} (here the over-provisioning \
+             is --spare-factor; other keys are --sim-set's)",
             device_bytes,
             drive.spare_factor
         )

@@ -130,6 +130,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
             || (args.spare_factor.is_none() && args.sim_set.is_empty()),
         "--spare-factor and --sim-set describe the simulated drive: they need --ppns simulator or both"
     );
+    // Before any trace is read (`ops_from_trace_with` refuses them too, after reading).
     for setting in &args.sim_set {
         if let Some(why) = mapbench::refused_setting(setting) {
             anyhow::bail!("--sim-set {why}");
