@@ -265,6 +265,19 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
         !ok && stderr.contains("1.5 is not between 0 and 1"),
         "{stderr}"
     );
+    // A spare too small for the GC's reserve says which option sets it.
+    let (ok, _, stderr) = ftlab(&[
+        "mapbench",
+        "--ppns",
+        "simulator",
+        "--spare-factor",
+        "0.0001",
+        trace,
+    ]);
+    assert!(
+        !ok && stderr.contains("gc_thres_pcent_high") && stderr.contains("--spare-factor"),
+        "{stderr}"
+    );
     let (ok, _, stderr) = ftlab(&[
         "mapbench",
         "--ppns",
