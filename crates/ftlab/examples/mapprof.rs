@@ -118,13 +118,17 @@ fn main() -> anyhow::Result<()> {
                 .fold(f64::MAX, f64::min)
         };
         let get_ns = fastest(&|| trace_gets(&table, &ops.gets), ops.gets.len());
+        let random_get_ns = fastest(
+            &|| random_gets(&table, &ops.random_gets),
+            ops.random_gets.len(),
+        );
         let bare_ns = fastest(&|| compressed_gets(&table, &ops.gets), ops.gets.len());
         let bare_random_ns = fastest(
             &|| compressed_gets(&table, &ops.random_gets),
             ops.random_gets.len(),
         );
         println!(
-            "compacted: trace-order gets {get_ns:.2} ns; compressed layer alone: trace order {bare_ns:.2} ns, random {bare_random_ns:.2} ns"
+            "compacted: trace-order gets {get_ns:.2} ns, random gets {random_get_ns:.2} ns; compressed layer alone: trace order {bare_ns:.2} ns, random {bare_random_ns:.2} ns"
         );
     }
     Ok(())

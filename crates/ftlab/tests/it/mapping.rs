@@ -511,16 +511,7 @@ fn simulator_ppns_carry_the_gc_relocations() {
     let path = dir.path().join("random.csv");
     const DEVICE: u64 = 1 << 30;
     const CHUNK: u64 = 64 << 10;
-    let mut rng = ftlab::rng::SplitMix64::new(11);
-    let mut text = String::from("Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n");
-    for i in 0..3 * DEVICE / CHUNK {
-        let offset = rng.bounded(DEVICE / CHUNK) * CHUNK;
-        text.push_str(&format!(
-            "{},t,0,Write,{offset},{CHUNK},0\n",
-            10_000 * (i + 1)
-        ));
-    }
-    std::fs::write(&path, text).unwrap();
+    random_writes_trace(&path, DEVICE, CHUNK, 3 * DEVICE / CHUNK, 11);
 
     let log = ops_from_trace(&path, None, Some(DEVICE), PpnSource::LogHead).unwrap();
     let sim = ops_from_trace(&path, None, Some(DEVICE), PpnSource::Simulator).unwrap();
@@ -561,21 +552,26 @@ fn extent_and_learned_read_back(ops: &ftlab::mapbench::MapOps) -> ftlab::mapbenc
     result
 }
 
-/// Writes an MSR trace of `requests` 8 KiB writes at random offsets of a `device_bytes` device;
-/// returns the pages they write.
-fn random_writes_trace(path: &std::path::Path, device_bytes: u64, requests: u64, seed: u64) -> u64 {
-    const CHUNK: u64 = 8 << 10;
+/// Writes an MSR trace of `requests` writes of `chunk_bytes` each, at random chunk-aligned
+/// offsets of a `device_bytes` device; returns the pages they write.
+fn random_writes_trace(
+    path: &std::path::Path,
+    device_bytes: u64,
+    chunk_bytes: u64,
+    requests: u64,
+    seed: u64,
+) -> u64 {
     let mut rng = ftlab::rng::SplitMix64::new(seed);
     let mut text = String::from("Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n");
     for i in 0..requests {
-        let offset = rng.bounded(device_bytes / CHUNK) * CHUNK;
+        let offset = rng.bounded(device_bytes / chunk_bytes) * chunk_bytes;
         text.push_str(&format!(
-            "{},t,0,Write,{offset},{CHUNK},0\n",
+            "{},t,0,Write,{offset},{chunk_bytes},0\n",
             10_000 * (i + 1)
         ));
     }
     std::fs::write(path, text).unwrap();
-    requests * CHUNK / 4096
+    requests * chunk_bytes / 4096
 }
 
 /// A fill (`mapbench --precondition`) writes every LPN once, in order, before the trace, so a
@@ -591,7 +587,7 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
     let pages = DEVICE / 4096;
     // A tenth of the device, 8 KiB at random offsets: less than the 7 % spare (plus the blocks
     // that round the flash up) can take without moving anything.
-    let host_pages = random_writes_trace(&path, DEVICE, DEVICE / 10 / (8 << 10), 5);
+    let host_pages = random_writes_trace(&path, DEVICE, 8 << 10, DEVICE / 10 / (8 << 10), 5);
 
     let ops = |source, fill| {
         let options = OpsOptions {
@@ -650,9 +646,10 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
 }
 
 /// The drive behind the simulator's PPNs is the caller's: with GC only when out of room, more
-/// spare moves fewer pages on the same full drive; random overwrites after the fill (an aged drive) come before the trace and
-/// count as the fill's; GC moves to a frontier of their own still arrive as SETs, read back
-/// losslessly; the settings are reported as given; keys mapbench sets itself are refused.
+/// spare moves fewer pages on the same full drive; random overwrites after the fill (an aged
+/// drive) come before the trace and count as the fill's; GC moves to a frontier of their own
+/// still arrive as SETs, read back losslessly; the settings are reported as given; keys
+/// mapbench sets itself are refused.
 #[test]
 fn the_simulated_drive_is_the_callers() {
     use ftlab::mapbench::{ops_from_trace_with, DriveSetup, OpsOptions, PpnSource};
@@ -661,7 +658,7 @@ fn the_simulated_drive_is_the_callers() {
     const DEVICE: u64 = 1 << 30;
     let pages = DEVICE / 4096;
     // Three tenths of the device, 8 KiB at random offsets: more than the spare holds.
-    let host_pages = random_writes_trace(&path, DEVICE, DEVICE * 3 / 10 / (8 << 10), 7);
+    let host_pages = random_writes_trace(&path, DEVICE, 8 << 10, DEVICE * 3 / 10 / (8 << 10), 7);
     let run = |spare_factor: f64, settings: &[&str]| {
         let options = OpsOptions {
             fill: true,
