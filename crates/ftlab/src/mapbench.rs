@@ -18,7 +18,7 @@ use crate::request::Op;
 use crate::sim::Progress;
 use crate::trace::{TraceFormat, TraceReader};
 use serde::Serialize;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::hint::black_box;
 use std::path::Path;
 use std::rc::Rc;
@@ -242,7 +242,7 @@ struct Recording {
     inner: FlatMapping,
     log: Rc<RefCell<Vec<(u32, u32)>>>,
     /// The log's length when the simulator started measuring (after its preconditioning).
-    measured_from: Rc<RefCell<usize>>,
+    measured_from: Rc<Cell<usize>>,
 }
 
 impl MappingTable for Recording {
@@ -270,7 +270,7 @@ impl MappingTable for Recording {
         self.inner.heap_bytes()
     }
     fn reset_activity(&mut self) {
-        *self.measured_from.borrow_mut() = self.log.borrow().len();
+        self.measured_from.set(self.log.borrow().len());
     }
 }
 
@@ -415,14 +415,14 @@ fn simulator_updates(
         )
     })?;
     let log = Rc::new(RefCell::new(Vec::new()));
-    let measured_from = Rc::new(RefCell::new(0));
+    let measured_from = Rc::new(Cell::new(0));
     let table = Recording {
         inner: FlatMapping::new(config.geometry()?.logical_pages),
         log: log.clone(),
         measured_from: measured_from.clone(),
     };
     let report = crate::sim::run_with(&config, table, progress)?;
-    let fill_updates = *measured_from.borrow() as u64;
+    let fill_updates = measured_from.get() as u64;
     Ok(SimulatedUpdates {
         updates: log.take(),
         fill_updates,
@@ -868,23 +868,23 @@ pub fn run(
     let mut best = vec![Phases::NONE; tables.len()];
     let total = Some(u64::from(repeat.max(1)) * tables.len() as u64);
     let mut done = 0;
-    let mut step = |done: &mut u64| {
+    let mut step = || {
         progress(Progress {
             phase: "timing the tables",
-            done: *done,
+            done,
             total,
         });
-        *done += 1;
+        done += 1;
     };
     for _ in 1..repeat.max(1) {
         for (name, best) in tables.iter().zip(&mut best) {
-            step(&mut done);
+            step();
             best.keep_fastest(throughput_round(name, pages, ops, learned_buffer_divisor));
         }
     }
     let mut results = Vec::new();
     for (name, &best) in tables.iter().zip(&best) {
-        step(&mut done);
+        step();
         let r = match name.as_str() {
             "flat-u64" => run_table(|| FlatU64::new(pages), ops, &oracle, best, repeat, &clock),
             "flat-u32" => {
