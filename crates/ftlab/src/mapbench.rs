@@ -461,6 +461,11 @@ pub struct TableResult {
     pub get_p99_ns: Option<f64>,
     pub set_p50_ns: Option<f64>,
     pub set_p99_ns: Option<f64>,
+    /// Percentiles of the random lookups (every live LPN once, in random order, after the
+    /// trace-order lookups): the worst case of a table that keeps a position between lookups,
+    /// where the trace-order percentiles show its common case.
+    pub get_random_p50_ns: Option<f64>,
+    pub get_random_p99_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
     /// The learned table's: the fraction of the trace-order lookups its cursor answered with no
@@ -793,11 +798,12 @@ pub fn run_table<M: MappingTable>(
     let q = |h: &hdrhistogram::Histogram<u64>, p: f64| {
         (!h.is_empty()).then(|| h.value_at_quantile(p) as f64)
     };
-    // Per pass: GET p50, GET p99, SET p50, SET p99 (`None` for an empty phase: every pass alike).
-    let mut passes: Vec<[Option<f64>; 4]> = Vec::new();
+    // Per pass: GET p50, GET p99, SET p50, SET p99, random GET p50, random GET p99 (`None` for
+    // an empty phase: every pass alike).
+    let mut passes: Vec<[Option<f64>; 6]> = Vec::new();
     for _ in 0..repeat.max(1) {
         let mut table = make();
-        let (mut set_h, mut get_h) = (histogram(), histogram());
+        let (mut set_h, mut get_h, mut random_h) = (histogram(), histogram(), histogram());
         for &u in &ops.updates {
             let a = ticks();
             black_box(apply(&mut table, u));
@@ -810,11 +816,21 @@ pub fn run_table<M: MappingTable>(
             let b = ticks();
             get_h.saturating_record(to_ns(b - a));
         }
+        table.note_gets(ops.gets.len() as u64);
+        for &lpn in &ops.random_gets {
+            let a = ticks();
+            black_box(table.get(black_box(lpn)));
+            let b = ticks();
+            random_h.saturating_record(to_ns(b - a));
+        }
+        table.note_gets(ops.random_gets.len() as u64);
         passes.push([
             q(&get_h, 0.5),
             q(&get_h, 0.99),
             q(&set_h, 0.5),
             q(&set_h, 0.99),
+            q(&random_h, 0.5),
+            q(&random_h, 0.99),
         ]);
     }
     let median = |k: usize| {
@@ -839,6 +855,8 @@ pub fn run_table<M: MappingTable>(
         get_p99_ns: median(1),
         set_p50_ns: median(2),
         set_p99_ns: median(3),
+        get_random_p50_ns: median(4),
+        get_random_p99_ns: median(5),
         compressed_get_fraction: compressed_get_fraction.map(crate::report::round6),
         cursor_get_fraction: cursor_get_fraction.map(crate::report::round6),
         lossless_verified: ok,
@@ -968,11 +986,11 @@ pub fn markdown(b: &MapBench) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | bytes | allocator bytes | B/live mapping | peak bytes | lossless |"
+        "| table | total ms | GET Mops/s | SET Mops/s | random GET Mops/s | GET p50/p99 ns | SET p50/p99 ns | random GET p50/p99 ns | bytes | allocator bytes | B/live mapping | peak bytes | lossless |"
     );
     let _ = writeln!(
         o,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     // A figure to `digits` decimals and `unit`, or `-` where its phase had no operations.
     let cell = |v: Option<f64>, digits: usize, unit: &str| {
@@ -981,7 +999,7 @@ pub fn markdown(b: &MapBench) -> String {
     for t in &b.tables {
         let _ = writeln!(
             o,
-            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
             t.name,
             t.total_ms,
             cell(t.get_mops, 1, ""),
@@ -991,6 +1009,8 @@ pub fn markdown(b: &MapBench) -> String {
             cell(t.get_p99_ns, 0, ""),
             cell(t.set_p50_ns, 0, ""),
             cell(t.set_p99_ns, 0, ""),
+            cell(t.get_random_p50_ns, 0, ""),
+            cell(t.get_random_p99_ns, 0, ""),
             t.bytes,
             t.allocator_bytes
                 .map_or_else(|| "-".into(), |a| a.to_string()),

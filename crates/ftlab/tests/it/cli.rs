@@ -140,10 +140,17 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
             "set_mops",
             "get_p99_ns",
             "set_p99_ns",
+            "get_random_p50_ns",
+            "get_random_p99_ns",
         ] {
             assert!(t[key].as_f64().is_some(), "{key} in {t}");
         }
         assert_eq!(t["lossless_verified"], true, "{t}");
+        // A median of percentiles: p50 <= p99 holds pass by pass, so for the medians too.
+        assert!(
+            t["get_random_p50_ns"].as_f64() <= t["get_random_p99_ns"].as_f64(),
+            "{t}"
+        );
         // Ratios to the flat u64 array of the same run, as printed.
         for (ratio, mops) in [("get", "get_mops"), ("set", "set_mops")] {
             let want = t[mops].as_f64().unwrap() / tables[0][mops].as_f64().unwrap();
@@ -242,8 +249,11 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
             t["set_mops"].is_null() && t["get_mops"].as_f64().unwrap() > 0.0,
             "{t}"
         );
+        // Nothing is mapped, so there is no live LPN to look up at random either.
         assert!(
-            t["set_p50_ns"].is_null() && t["set_p99_ns"].is_null(),
+            t["set_p50_ns"].is_null()
+                && t["set_p99_ns"].is_null()
+                && t["get_random_p99_ns"].is_null(),
             "{t}"
         );
         assert!(t["get_p99_ns"].as_f64().unwrap() >= 1.0, "{t}");
