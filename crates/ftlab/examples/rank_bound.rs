@@ -1,7 +1,17 @@
-//! How fast could a rank-based layout answer a trace's lookups? A bound for design decisions, not
-//! a table: one bit per LPN, a rank (u32) per 64-bit word, and a plain u32 per live mapping (no
-//! compression, no update buffer, no cursor), against the flat u64 array, on the trace-order
-//! lookups `ftlab mapbench` times (log-head PPNs; fastest of seven alternating passes):
+//! How fast could another layout answer a trace's lookups? Bounds for design decisions, not
+//! tables, timed on the trace-order lookups `ftlab mapbench` times (log-head PPNs; fastest of
+//! seven alternating passes) against the flat u64 array, beside the learned table itself:
+//!
+//! - `bitmap+rank+u32`: one bit per LPN, a rank (u32) per 64-bit word, and a plain u32 per live
+//!   mapping (no compression, no update buffer, no cursor; about 5 bytes a mapping).
+//! - `runs+cursor`: the mapping's maximal runs in one sorted array (12 bytes a run, the extent
+//!   map's size), with the learned table's one-entry cursor; a lookup the cursor misses is one
+//!   branch-free halving search. No groups, no buffer: the least a run-keyed layout with a
+//!   cursor does.
+//! - `runs+slots+cursor`: the same, but a miss first reads where the runs of its LPN's
+//!   `2^SLOT_SHIFT`-LPN slot start (4 bytes a slot) and searches only those.
+//!
+//! Every layout's answers are checked against the trace's final mapping before the timing.
 //!
 //! ```text
 //! cargo build --release --example rank_bound
@@ -9,8 +19,11 @@
 //! ```
 //!
 //! The rank is a popcount: x86-64's baseline has no POPCNT instruction, and its software
-//! replacement is most of this layout's lookup. `RUSTFLAGS="-C target-feature=+popcnt"` (in
+//! replacement is most of that layout's lookup. `RUSTFLAGS="-C target-feature=+popcnt"` (in
 //! another target directory) shows the difference.
+use ftlab::ftl::mapping::learned::LearnedMapping;
+use ftlab::ftl::mapping::runs::count_le;
+use ftlab::ftl::mapping::MappingTable;
 use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
 use std::hint::black_box;
 use std::path::Path;
@@ -37,6 +50,105 @@ impl Rank {
     }
 }
 
+/// The mapping as its maximal runs (consecutive LPNs to consecutive PPNs, or all unmapped) in one
+/// sorted array, with a one-entry cursor as the learned table keeps (`Span`): a lookup the
+/// cursor misses is a branch-free halving search and a store, the least a run-keyed layout with
+/// a cursor can do (12 bytes a run, the extent map's size, no buffer).
+struct RunsCursor {
+    starts: Vec<u32>,
+    /// (first PPN or `UNMAPPED`, length) of each run.
+    runs: Vec<(u32, u32)>,
+    span: std::cell::Cell<(u32, u32, u32)>,
+    /// For each `2^SLOT_SHIFT` LPNs, the run holding the first (and one past the last slot).
+    slots: Vec<u32>,
+}
+
+const UNMAPPED: u32 = u32::MAX;
+
+/// LPNs per slot of `RunsCursor::slots`.
+const SLOT_SHIFT: u32 = 8;
+
+impl RunsCursor {
+    fn new(oracle: &[u32]) -> Self {
+        let (mut starts, mut runs) = (Vec::new(), Vec::<(u32, u32)>::new());
+        for (lpn, &v) in oracle.iter().enumerate() {
+            let v = if v == REMOVE { UNMAPPED } else { v };
+            if let Some(last) = runs.last_mut() {
+                let next = if last.0 == UNMAPPED {
+                    UNMAPPED
+                } else {
+                    last.0 + last.1
+                };
+                if next == v {
+                    last.1 += 1;
+                    continue;
+                }
+            }
+            starts.push(lpn as u32);
+            runs.push((v, 1));
+        }
+        let n_slots = oracle.len().div_ceil(1 << SLOT_SHIFT);
+        let mut slots = Vec::with_capacity(n_slots + 1);
+        let mut i = 0;
+        for slot in 0..n_slots {
+            let lpn = (slot << SLOT_SHIFT) as u32;
+            while i + 1 < starts.len() && starts[i + 1] <= lpn {
+                i += 1;
+            }
+            slots.push(i as u32);
+        }
+        slots.push(starts.len() as u32 - 1);
+        RunsCursor {
+            starts,
+            runs,
+            span: std::cell::Cell::new((0, 0, 0)),
+            slots,
+        }
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        let (lo, len, ppn) = self.span.get();
+        let d = lpn.wrapping_sub(lo);
+        if d < len {
+            return (ppn != UNMAPPED).then(|| ppn + d);
+        }
+        self.miss(lpn)
+    }
+
+    #[inline]
+    fn get_slotted(&self, lpn: u32) -> Option<u32> {
+        let (lo, len, ppn) = self.span.get();
+        let d = lpn.wrapping_sub(lo);
+        if d < len {
+            return (ppn != UNMAPPED).then(|| ppn + d);
+        }
+        self.miss_slotted(lpn)
+    }
+
+    /// `miss` with the search narrowed to the runs of `lpn`'s slot.
+    #[inline(never)]
+    fn miss_slotted(&self, lpn: u32) -> Option<u32> {
+        let slot = (lpn >> SLOT_SHIFT) as usize;
+        let (a, b) = (self.slots[slot] as usize, self.slots[slot + 1] as usize);
+        let base = a + count_le(b + 1 - a, |i| self.starts[a + i] <= lpn) - 1;
+        let (ppn, len) = self.runs[base];
+        let lo = self.starts[base];
+        self.span.set((lo, len, ppn));
+        (ppn != UNMAPPED).then(|| ppn + (lpn - lo))
+    }
+
+    #[inline(never)]
+    fn miss(&self, lpn: u32) -> Option<u32> {
+        // Branch-free halving, the learned table's own (`runs::count_le`).
+        let base = count_le(self.starts.len(), |i| self.starts[i] <= lpn) - 1;
+        let (ppn, len) = self.runs[base];
+        let lo = self.starts[base];
+        self.span.set((lo, len, ppn));
+        (ppn != UNMAPPED).then(|| ppn + (lpn - lo))
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let Some(trace) = std::env::args().nth(1) else {
         eprintln!("usage: rank_bound TRACE (any format `ftlab sim` reads)");
@@ -60,8 +172,27 @@ fn main() -> anyhow::Result<()> {
         before[w] = before[w - 1] + bits[w - 1].count_ones();
     }
     let rank = Rank { bits, before, vals };
+    let runs = RunsCursor::new(&oracle);
+    // The learned table itself, after the trace's updates, as `ftlab mapbench` times it.
+    let mut learned = LearnedMapping::new(ops.logical_pages);
+    for &(lpn, v) in &ops.updates {
+        if v == REMOVE {
+            learned.remove(lpn);
+        } else {
+            learned.set(lpn, v);
+        }
+    }
     let bytes = rank.bits.len() * 8 + rank.before.len() * 4 + rank.vals.len() * 4;
-    let (mut tf, mut tr) = (f64::MAX, f64::MAX);
+    // Each layout answers as the trace's final mapping does (before any timing).
+    for &lpn in ops.gets.iter().chain(&ops.random_gets) {
+        let want = oracle.get(lpn as usize).copied().filter(|&v| v != REMOVE);
+        assert_eq!(rank.get(lpn), want, "bitmap+rank, lpn {lpn}");
+        assert_eq!(runs.get(lpn), want, "runs+cursor, lpn {lpn}");
+        assert_eq!(runs.get_slotted(lpn), want, "runs+slots+cursor, lpn {lpn}");
+        assert_eq!(learned.get_uncounted(lpn), want, "learned, lpn {lpn}");
+    }
+    let (mut tf, mut tr, mut tc, mut tl) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    let mut ts = f64::MAX;
     for _ in 0..7 {
         let t = Instant::now();
         for &lpn in &ops.gets {
@@ -74,6 +205,22 @@ fn main() -> anyhow::Result<()> {
             black_box(rank.get(black_box(lpn)));
         }
         tr = tr.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for &lpn in &ops.gets {
+            black_box(runs.get(black_box(lpn)));
+        }
+        tc = tc.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for &lpn in &ops.gets {
+            black_box(runs.get_slotted(black_box(lpn)));
+        }
+        ts = ts.min(t.elapsed().as_secs_f64());
+        learned.note_gets(ops.gets.len() as u64);
+        let t = Instant::now();
+        for &lpn in &ops.gets {
+            black_box(learned.get(black_box(lpn)));
+        }
+        tl = tl.min(t.elapsed().as_secs_f64());
     }
     let per = |t: f64| t * 1e9 / ops.gets.len() as f64;
     println!(
@@ -83,5 +230,19 @@ fn main() -> anyhow::Result<()> {
         tf / tr,
         bytes as f64 / rank.vals.len().max(1) as f64
     );
+    println!(
+        "  runs+cursor {:.2} ns ({:.2}x), {} runs ({:.3} B per live mapping at 12 B a run)",
+        per(tc),
+        tf / tc,
+        runs.runs.len(),
+        12.0 * runs.runs.len() as f64 / rank.vals.len().max(1) as f64
+    );
+    println!(
+        "  runs+slots+cursor {:.2} ns ({:.2}x), +{:.3} B per live mapping for the slots",
+        per(ts),
+        tf / ts,
+        4.0 * runs.slots.len() as f64 / rank.vals.len().max(1) as f64
+    );
+    println!("  learned {:.2} ns ({:.2}x)", per(tl), tf / tl);
     Ok(())
 }
