@@ -8,8 +8,8 @@
 //!   map's size), with the learned table's one-entry cursor; a lookup the cursor misses is one
 //!   branch-free halving search. No groups, no buffer: the least a run-keyed layout with a
 //!   cursor does.
-//! - `runs+slots+cursor`: the same, but a miss first reads where the runs of its LPN's
-//!   `2^SLOT_SHIFT`-LPN slot start (4 bytes a slot) and searches only those.
+//! - `runs+slots+cursor`: the same, but a miss first reads which runs its LPN's
+//!   `2^SLOT_SHIFT`-LPN slot spans (4 bytes a slot) and searches only those.
 //!
 //! Every layout's answers are checked against the trace's final mapping before the timing.
 //!
@@ -58,8 +58,11 @@ struct RunsCursor {
     starts: Vec<u32>,
     /// (first PPN or `UNMAPPED`, length) of each run.
     runs: Vec<(u32, u32)>,
+    /// (first LPN, length, first PPN or `UNMAPPED`) of the last run a miss found; `get` and
+    /// `get_slotted` share it, as both find the same runs.
     span: std::cell::Cell<(u32, u32, u32)>,
-    /// For each `2^SLOT_SHIFT` LPNs, the run holding the first (and one past the last slot).
+    /// For each `2^SLOT_SHIFT` LPNs, the run holding the first; after the last slot, the last
+    /// run. A slot's LPNs lie in runs `slots[k]..=slots[k + 1]`.
     slots: Vec<u32>,
 }
 
@@ -77,7 +80,7 @@ impl RunsCursor {
                 let next = if last.0 == UNMAPPED {
                     UNMAPPED
                 } else {
-                    last.0 + last.1
+                    last.0.wrapping_add(last.1)
                 };
                 if next == v {
                     last.1 += 1;
