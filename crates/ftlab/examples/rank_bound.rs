@@ -11,7 +11,9 @@
 //! - `runs+slots+cursor`: the same, but a miss first reads which runs its LPN's
 //!   `2^SLOT_SHIFT`-LPN slot spans (4 bytes a slot) and searches only those.
 //!
-//! Every layout's answers are checked against the trace's final mapping before the timing.
+//! Every layout's answers are checked against the trace's final mapping before the timing. Last,
+//! the lookups the learned table's cursor missed are timed alone, back to back, through each
+//! layout's miss path: where the learned table's miss goes, and what the bounds' cost.
 //!
 //! ```text
 //! cargo build --release --example rank_bound
@@ -247,5 +249,44 @@ fn main() -> anyhow::Result<()> {
         4.0 * runs.slots.len() as f64 / rank.vals.len().max(1) as f64
     );
     println!("  learned {:.2} ns ({:.2}x)", per(tl), tf / tl);
+    // The learned table's cursor misses alone, back to back: what each layout's miss path
+    // costs for just those LPNs (the learned table through `get`, so they still miss, and
+    // through its compressed layer alone: the directory and the blob, no buffer, no cursor).
+    let mut misses = Vec::new();
+    let cursor_misses =
+        |t: &LearnedMapping| t.learned_activity().map_or(0, |a| a.get_cursor_misses);
+    learned.note_gets(ops.gets.len() as u64);
+    for &lpn in &ops.gets {
+        let before = cursor_misses(&learned);
+        learned.get(lpn);
+        if cursor_misses(&learned) != before {
+            misses.push(lpn);
+        }
+    }
+    let per_miss = |f: &dyn Fn(u32) -> Option<u32>| {
+        (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                for &lpn in &misses {
+                    black_box(f(black_box(lpn)));
+                }
+                t.elapsed().as_secs_f64() * 1e9 / misses.len().max(1) as f64
+            })
+            .fold(f64::MAX, f64::min)
+    };
+    learned.note_gets(7 * misses.len() as u64);
+    println!(
+        "  the learned table's {} cursor misses alone, ns each: learned {:.1} (its compressed \
+         layer alone {:.1}), runs+cursor's search {:.1}, runs+slots+cursor's {:.1}, flat u64 {:.1}",
+        misses.len(),
+        per_miss(&|lpn| learned.get(lpn)),
+        per_miss(&|lpn| learned.compressed(lpn)),
+        per_miss(&|lpn| runs.miss(lpn)),
+        per_miss(&|lpn| runs.miss_slotted(lpn)),
+        per_miss(&|lpn| {
+            let v = flat[lpn as usize];
+            (v != u64::MAX).then_some(v as u32)
+        }),
+    );
     Ok(())
 }
