@@ -250,8 +250,9 @@ fn main() -> anyhow::Result<()> {
     );
     println!("  learned {:.2} ns ({:.2}x)", per(tl), tf / tl);
     // The learned table's cursor misses alone, back to back: what each layout's miss path
-    // costs for just those LPNs (the learned table through `get`, so they still miss, and
-    // through its compressed layer alone: the directory and the blob, no buffer, no cursor).
+    // costs for just those LPNs (the learned table through `get`, where nearly all miss again,
+    // and through its compressed layer alone: the directory and the blob, no buffer, no
+    // cursor). Each lookup goes through one indirect call; the flat u64 column is about that.
     let mut misses = Vec::new();
     let cursor_misses =
         |t: &LearnedMapping| t.learned_activity().map_or(0, |a| a.get_cursor_misses);
