@@ -111,24 +111,31 @@ impl RunsCursor {
         }
     }
 
+    /// The cursor's answer, if its span holds `lpn` (`Some(None)`: unmapped).
     #[inline]
-    fn get(&self, lpn: u32) -> Option<u32> {
+    fn cursor(&self, lpn: u32) -> Option<Option<u32>> {
         let (lo, len, ppn) = self.span.get();
         let d = lpn.wrapping_sub(lo);
-        if d < len {
-            return (ppn != UNMAPPED).then(|| ppn + d);
-        }
-        self.miss(lpn)
+        (d < len).then(|| (ppn != UNMAPPED).then(|| ppn + d))
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        self.cursor(lpn).unwrap_or_else(|| self.miss(lpn))
     }
 
     #[inline]
     fn get_slotted(&self, lpn: u32) -> Option<u32> {
-        let (lo, len, ppn) = self.span.get();
-        let d = lpn.wrapping_sub(lo);
-        if d < len {
-            return (ppn != UNMAPPED).then(|| ppn + d);
-        }
-        self.miss_slotted(lpn)
+        self.cursor(lpn).unwrap_or_else(|| self.miss_slotted(lpn))
+    }
+
+    #[inline(never)]
+    fn miss(&self, lpn: u32) -> Option<u32> {
+        // Branch-free halving, the learned table's own (`runs::count_le`).
+        self.found(
+            count_le(self.starts.len(), |i| self.starts[i] <= lpn) - 1,
+            lpn,
+        )
     }
 
     /// `miss` with the search narrowed to the runs of `lpn`'s slot.
@@ -136,19 +143,17 @@ impl RunsCursor {
     fn miss_slotted(&self, lpn: u32) -> Option<u32> {
         let slot = (lpn >> SLOT_SHIFT) as usize;
         let (a, b) = (self.slots[slot] as usize, self.slots[slot + 1] as usize);
-        let base = a + count_le(b + 1 - a, |i| self.starts[a + i] <= lpn) - 1;
-        let (ppn, len) = self.runs[base];
-        let lo = self.starts[base];
-        self.span.set((lo, len, ppn));
-        (ppn != UNMAPPED).then(|| ppn + (lpn - lo))
+        self.found(
+            a + count_le(b + 1 - a, |i| self.starts[a + i] <= lpn) - 1,
+            lpn,
+        )
     }
 
-    #[inline(never)]
-    fn miss(&self, lpn: u32) -> Option<u32> {
-        // Branch-free halving, the learned table's own (`runs::count_le`).
-        let base = count_le(self.starts.len(), |i| self.starts[i] <= lpn) - 1;
-        let (ppn, len) = self.runs[base];
-        let lo = self.starts[base];
+    /// Keeps run `i`, which holds `lpn`, as the span, and answers from it.
+    #[inline(always)]
+    fn found(&self, i: usize, lpn: u32) -> Option<u32> {
+        let (ppn, len) = self.runs[i];
+        let lo = self.starts[i];
         self.span.set((lo, len, ppn));
         (ppn != UNMAPPED).then(|| ppn + (lpn - lo))
     }
