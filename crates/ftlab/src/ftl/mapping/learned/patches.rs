@@ -32,6 +32,9 @@ use super::GROUP_LPNS;
 /// First u16 of a patched blob: segment blobs start with `live` <= 4096 and run lists and
 /// bitmap words with bit 15 or 14 set, so bit 13 is free in all three.
 pub const PATCH_FLAG: u32 = 0x2000;
+// A full segment blob's `live` (`GROUP_LPNS`) must stay below every flag, or it would read as
+// one (groups of 8192 LPNs would); `group::lookup_with` tells them apart with one compare.
+const _: () = assert!(GROUP_LPNS < PATCH_FLAG as usize);
 const OFFSETS_AT: usize = 8;
 /// Bytes of a patched blob besides its offsets, patch bits and inner blob.
 pub const FIXED_BYTES: usize = OFFSETS_AT;
