@@ -230,6 +230,34 @@ fn uniformly_random_ppns_cost_at_most_four_and_a_half_bytes() {
     assert!(per <= 4.5, "{per} bytes per mapping");
 }
 
+/// Uniformly random writes to a fresh device, as the simulator's generators make without
+/// preconditioning: more groups are written than the bound on buffered groups allows at first,
+/// but their blobs soon hold hundreds of random PPNs each, beside which a buffered group's fixed
+/// cost is small, so they stay buffered and a merge folds many LPNs rather than one or two
+/// (merges forced by the bound on groups took about every third write: 0.2 M simulated writes a
+/// wall second). Every mapping reads back.
+#[test]
+fn random_writes_to_a_fresh_device_merge_many_lpns_at_a_time() {
+    const GROUPS: u32 = 768;
+    let lpns = GROUPS * GROUP_LPNS as u32;
+    let mut rng = ftlab::rng::SplitMix64::new(11);
+    let ops: Vec<(u32, Option<u32>)> = (0..400_000u32)
+        .map(|i| (rng.bounded(u64::from(lpns)) as u32, Some(i)))
+        .collect();
+    let mut t = LearnedMapping::new(u64::from(lpns));
+    oracle::check_table(&mut t, &ops, lpns, |_, _| {});
+    let stats = t.stats().clone();
+    let per_merge = stats.merged_entries as f64 / stats.merges as f64;
+    let peak = t.peak_heap_bytes();
+    t.compact();
+    eprintln!(
+        "{} merges, {per_merge:.1} LPNs each; peak {peak} bytes, compacted {}",
+        stats.merges,
+        t.heap_bytes()
+    );
+    assert!(per_merge >= 4.0, "{stats:?}");
+}
+
 /// Writes scattered over a thousand groups, a few to each (a sparsely written device): the
 /// buffer holds at most its bound's worth of groups, so its bytes (each group's 512 bytes of bits
 /// and record besides its runs, and the index) stay near that many groups' worth, not the

@@ -136,6 +136,14 @@ const MIN_RUNS_GROWTH: usize = 8;
 /// TiB do, with the groups of a few LPNs each tile leaves behind (`merge_to_bound`).
 const BOUND_LPNS_PER_GROUP: u64 = 64;
 const MIN_BUFFER_GROUPS: u64 = 64;
+/// A group whose blob takes at least this many bytes is buffered outside that bound: its
+/// buffer's fixed cost (about 600 bytes) is then at most about its own blob's size, so the
+/// buffer stays within a small multiple of the table. Without it, uniformly random writes to a
+/// fresh drive (768 groups, soon of a hundred or more random PPNs each, against a bound of 64
+/// groups and more) merged a group of one or two LPNs at about every third write, 0.2 M
+/// simulated writes a wall second; sparse devices, whose groups hold a few LPNs each, keep the
+/// bound as it was (docs/mapping-log.md, "Random writes to a fresh drive").
+const UNBOUNDED_BLOB_BYTES: usize = 512;
 
 /// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
 /// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
@@ -239,6 +247,10 @@ struct Delta {
     /// The buffer's clock when the delta was made: every update it holds was buffered then or
     /// later (`WriteTimes`).
     since: u32,
+    /// Whether its group's blob, when the delta was made, took fewer than
+    /// `UNBOUNDED_BLOB_BYTES` (the blob keeps its length until the delta is merged): only such
+    /// deltas count against the bound on groups (`small_deltas`).
+    small: bool,
     runs: Vec<DeltaRun>,
 }
 
@@ -334,6 +346,8 @@ pub struct LearnedMapping {
     /// The bound on groups as of the last check (`merge_while_over_bound`): deferred trims lower
     /// the live count, and with it the bound, without a check, but add no group.
     buffer_group_cap: usize,
+    /// Deltas whose `small` is set: those the bound on groups counts.
+    small_deltas: usize,
     /// The buffer may hold one in `2^this` live mappings (`BUFFER_LIVE_DIVISOR` unless set; a
     /// shift, as the bound is checked on every update that is not a stream's).
     buffer_live_shift: u32,
@@ -379,6 +393,7 @@ impl LearnedMapping {
             buffer_min_entries,
             buffer_min_groups: MIN_BUFFER_GROUPS,
             buffer_group_cap: MIN_BUFFER_GROUPS as usize,
+            small_deltas: 0,
             buffer_live_shift: BUFFER_LIVE_DIVISOR.trailing_zeros(),
             gets: Cell::new(0),
             buffered_gets: Cell::new(0),
@@ -499,12 +514,22 @@ impl LearnedMapping {
             self.buffered_entries(),
             self.buffer_bound()
         );
+        let small = self.deltas.iter().filter(|d| d.small).count();
+        assert_eq!(self.small_deltas, small);
         assert!(
-            self.deltas.len() <= self.buffer_group_cap,
-            "{} groups buffered, bound {}",
-            self.deltas.len(),
+            small <= self.buffer_group_cap,
+            "{small} groups with small blobs buffered, bound {}",
             self.buffer_group_cap
         );
+        for delta in &self.deltas {
+            let bytes = self.groups.blob(delta.group).map_or(0, group::encoded_len);
+            assert_eq!(
+                delta.small,
+                bytes < UNBOUNDED_BLOB_BYTES,
+                "group {}",
+                delta.group
+            );
+        }
     }
 
     #[inline]
@@ -947,12 +972,18 @@ impl LearnedMapping {
                     return;
                 }
                 let d = self.deltas.len() as u32;
+                let small = self
+                    .groups
+                    .blob(g)
+                    .is_none_or(|b| group::encoded_len(b) < UNBOUNDED_BLOB_BYTES);
+                self.small_deltas += usize::from(small);
                 self.buffered_bits.push([0; GROUP_LPNS / 64]);
                 self.deltas.push(Delta {
                     group: g,
                     entries: 0,
                     cursor: 0,
                     since: self.buffer_clock,
+                    small,
                     runs: Vec::new(),
                 });
                 self.delta_index.set(g, d);
@@ -1028,6 +1059,7 @@ impl LearnedMapping {
             self.delta_index.set(moved.group, d);
         }
         self.buffered_entries -= u64::from(delta.entries);
+        self.small_deltas -= usize::from(delta.small);
         delta
     }
 
@@ -1039,7 +1071,7 @@ impl LearnedMapping {
         // Merges do not change the live count, so neither do they the bound.
         let bound = self.buffer_bound();
         let group_bound = self.buffer_group_bound(bound);
-        if self.buffered_entries > bound || self.deltas.len() > group_bound {
+        if self.buffered_entries > bound || self.small_deltas > group_bound {
             self.merge_to_bound(bound, group_bound);
         }
         self.buffer_group_cap = group_bound;
@@ -1054,14 +1086,20 @@ impl LearnedMapping {
     #[cold]
     fn merge_to_bound(&mut self, bound: u64, group_bound: usize) {
         let mut work = MergeScratch::default();
-        while self.buffered_entries > bound || self.deltas.len() > group_bound {
+        while self.buffered_entries > bound || self.small_deltas > group_bound {
             if self.buffered_entries <= bound {
-                // Too many groups, not too many LPNs: the hand's next group, whatever it holds.
-                // Groups of a few LPNs that a stream left behind are never at the mean, and
-                // otherwise stayed until the end (the files trace tiled to 16 TiB: 25 K groups,
-                // 98 % of them of at most 8 LPNs, 24 MB of buffer for its 1 M LPNs); taking them
-                // in turn leaves none behind for long, in O(1) a merge.
-                let d = self.clock_next();
+                // Too many groups, not too many LPNs: the hand's next counted group, whatever
+                // it holds. Groups of a few LPNs that a stream left behind are never at the
+                // mean, and otherwise stayed until the end (the files trace tiled to 16 TiB: 25
+                // K groups, 98 % of them of at most 8 LPNs, 24 MB of buffer for its 1 M LPNs);
+                // taking them in turn leaves none behind for long. The hand passes each
+                // uncounted group at most once a rotation.
+                let d = loop {
+                    let d = self.clock_next();
+                    if self.deltas[d].small {
+                        break d;
+                    }
+                };
                 self.merge(d as u32, &mut work);
                 continue;
             }
