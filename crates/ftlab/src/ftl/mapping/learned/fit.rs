@@ -127,6 +127,15 @@ pub fn fit_cone(ys: &[u32], eps: i64, out: &mut Vec<Segment>) {
     }
 }
 
+/// Whether some three consecutive points lie on one line (a zero second difference), which
+/// `fit_cone` with no error allowed needs to make a segment of more than two points.
+pub fn has_three_on_a_line(ys: &[u32]) -> bool {
+    ys.windows(3).any(|w| {
+        let [a, b, c] = [w[0], w[1], w[2]].map(i64::from);
+        a - 2 * b + c == 0
+    })
+}
+
 /// One segment over all points with the given slope (0: plain bit packing above the minimum).
 pub fn fit_single(ys: &[u32], slope_q16: i32, out: &mut Vec<Segment>) {
     out.clear();
@@ -276,6 +285,32 @@ mod tests {
                     endpoint_slope(&ys),
                     line_slope(first, ppn + len - 1, ys.len())
                 );
+            }
+        }
+
+        /// The cone fit with no error allowed makes a segment of three points or more only
+        /// where `has_three_on_a_line` says so: over small values (lines are frequent), over
+        /// the whole u32 range (never a line but by chance), and with lines of any slope,
+        /// descending included, laid over them. (Not the converse: three on a line across two
+        /// segments' boundary are not one segment.)
+        #[test]
+        fn the_exact_cone_fit_takes_three_only_on_a_line(
+            mut ys in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..80),
+            small in proptest::prelude::any::<bool>(),
+            line in proptest::option::of((0usize..80, 3usize..8, 0u32..1 << 31, -1000i64..1000)),
+        ) {
+            if small {
+                ys.iter_mut().for_each(|y| *y %= 5);
+            }
+            if let Some((at, len, y0, step)) = line {
+                for (k, y) in ys.iter_mut().skip(at).take(len).enumerate() {
+                    *y = (i64::from(y0) + step * k as i64).clamp(0, i64::from(u32::MAX)) as u32;
+                }
+            }
+            let mut segs = Vec::new();
+            fit_cone(&ys, 0, &mut segs);
+            if segs.iter().any(|seg| seg.len > 2) {
+                proptest::prop_assert!(has_three_on_a_line(&ys));
             }
         }
     }
