@@ -130,10 +130,11 @@ fn run_end_key(r: &DeltaRun) -> u64 {
 const MIN_RUNS_GROWTH: usize = 8;
 /// A buffered group costs its bits (512 bytes) and its record besides its runs (8 bytes each),
 /// so the buffer holds at most one group per this many LPNs of its bound (and at least
-/// `MIN_BUFFER_GROUPS`): writes scattered one to a group cannot make it some 75 times its
-/// bound's worth of runs. (Uniform random writes over 1 TiB held 38 MB of buffer for 62 K
-/// LPNs.) The nbdkit traces and the default simulation never reach it; the traces tiled to 16
-/// TiB do, with the groups of a few LPNs each tile leaves behind (`merge_to_bound`).
+/// `MIN_BUFFER_GROUPS`), of the groups whose blobs are small (`UNBOUNDED_BLOB_BYTES`): writes
+/// scattered one to a group cannot make it some 75 times its bound's worth of runs. (Uniform
+/// random writes over 1 TiB held 38 MB of buffer for 62 K LPNs.) The nbdkit traces and the
+/// default simulation never reach it; the traces tiled to 16 TiB do, with the groups of a few
+/// LPNs each tile leaves behind (`merge_to_bound`).
 const BOUND_LPNS_PER_GROUP: u64 = 64;
 const MIN_BUFFER_GROUPS: u64 = 64;
 /// A group whose blob takes at least this many bytes is buffered outside that bound: its
