@@ -238,24 +238,29 @@ fn uniformly_random_ppns_cost_at_most_four_and_a_half_bytes() {
 /// wall second). Every mapping reads back.
 #[test]
 fn random_writes_to_a_fresh_device_merge_many_lpns_at_a_time() {
-    const GROUPS: u32 = 768;
-    let lpns = GROUPS * GROUP_LPNS as u32;
-    let mut rng = ftlab::rng::SplitMix64::new(11);
-    let ops: Vec<(u32, Option<u32>)> = (0..400_000u32)
-        .map(|i| (rng.bounded(u64::from(lpns)) as u32, Some(i)))
-        .collect();
+    let (lpns, ops) = random_writes(768, 400_000, 11, |i| i);
     let mut t = LearnedMapping::new(u64::from(lpns));
     oracle::check_table(&mut t, &ops, lpns, |_, _| {});
-    let stats = t.stats().clone();
+    let stats = t.stats();
     let per_merge = stats.merged_entries as f64 / stats.merges as f64;
-    let peak = t.peak_heap_bytes();
-    t.compact();
-    eprintln!(
-        "{} merges, {per_merge:.1} LPNs each; peak {peak} bytes, compacted {}",
-        stats.merges,
-        t.heap_bytes()
-    );
+    eprintln!("{} merges, {per_merge:.1} LPNs each", stats.merges);
     assert!(per_merge >= 4.0, "{stats:?}");
+}
+
+/// `count` writes of uniformly random LPNs over `groups` whole groups, the i-th to PPN `ppn(i)`,
+/// and the LPNs the groups hold.
+fn random_writes(
+    groups: u32,
+    count: u32,
+    seed: u64,
+    ppn: impl Fn(u32) -> u32,
+) -> (u32, Vec<(u32, Option<u32>)>) {
+    let lpns = groups * GROUP_LPNS as u32;
+    let mut rng = ftlab::rng::SplitMix64::new(seed);
+    let ops = (0..count)
+        .map(|i| (rng.bounded(u64::from(lpns)) as u32, Some(ppn(i))))
+        .collect();
+    (lpns, ops)
 }
 
 /// Writes scattered over a thousand groups, a few to each (a sparsely written device): the
@@ -264,12 +269,7 @@ fn random_writes_to_a_fresh_device_merge_many_lpns_at_a_time() {
 /// thousand groups' 0.6 MB; every mapping reads back.
 #[test]
 fn scattered_writes_bound_the_groups_buffered() {
-    const GROUPS: u32 = 1000;
-    let lpns = GROUPS * GROUP_LPNS as u32;
-    let mut rng = ftlab::rng::SplitMix64::new(5);
-    let ops: Vec<(u32, Option<u32>)> = (0..20_000u32)
-        .map(|i| (rng.bounded(u64::from(lpns)) as u32, Some(3 * i + 1)))
-        .collect();
+    let (lpns, ops) = random_writes(1000, 20_000, 5, |i| 3 * i + 1);
     let mut t = LearnedMapping::new(u64::from(lpns));
     let (mut most_groups, mut most_buffer_bytes) = (0, 0);
     oracle::check_table(&mut t, &ops, lpns, |t, _| {
