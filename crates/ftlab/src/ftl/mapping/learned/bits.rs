@@ -1,14 +1,26 @@
-//! Which offsets of a group its buffered updates hold: one bit per offset, so that a lookup of
-//! an offset the buffer does not hold (most of them) tests a bit instead of searching the
-//! group's buffered runs, and finds the nearest buffered offsets that bound the span it keeps.
+//! Which offsets of a group its buffered updates hold. A group whose delta holds more than
+//! `BITS_ABOVE_RUNS` runs keeps one bit per offset, so that a lookup of an offset the buffer
+//! does not hold (most of them) tests a bit instead of searching the group's buffered runs, and
+//! finds the nearest buffered offsets that bound the span it keeps. A delta of fewer runs is
+//! scanned instead (`runs_hold`, `runs_clear_around`): its runs fit a cache line, and its 512
+//! bytes of bits were most of what a lightly buffered group cost (the buffer's peak on streams
+//! and sparse traces: docs/mapping-log.md).
 
+use super::super::runs::Run;
 use super::GROUP_LPNS;
+
+/// A delta keeps bits once it holds more runs than this (its first run list's capacity,
+/// `MIN_RUNS_GROWTH`); until then its runs are scanned.
+pub(super) const BITS_ABOVE_RUNS: usize = 8;
+
+/// `Delta::bits` of a delta that has none.
+pub(super) const NO_BITS: u32 = u32::MAX;
 
 /// One bit per offset of a group, set where its delta's runs hold the offset (the tail's deferred
 /// appends are set when `flush_tail` writes them). A lookup of an offset the buffer does not hold
 /// (most of them) tests a bit instead of searching the runs: on pgbench, whose buffered groups
 /// hold about 200 runs each, that search was half the time of a lookup the cursor missed. 512
-/// bytes per buffered group.
+/// bytes per delta of more than `BITS_ABOVE_RUNS` runs.
 pub(super) type BufferedBits = [u64; GROUP_LPNS / 64];
 
 /// How far (in 64-offset words, each way) a lookup looks for the nearest buffered offsets, which
@@ -87,6 +99,84 @@ pub(super) fn clear_around(bits: &BufferedBits, off: u32, lim_lo: u32, lim_hi: u
     (lo, hi)
 }
 
+/// The bits of the deltas that keep them, each in a slot (`Delta::bits`); slots freed by merged
+/// deltas are reused, so the pool holds as many as were ever kept at once.
+#[derive(Clone, Debug, Default)]
+pub(super) struct BitsPool {
+    slots: Vec<BufferedBits>,
+    free: Vec<u32>,
+}
+
+impl BitsPool {
+    /// A slot with every bit clear.
+    pub fn take(&mut self) -> u32 {
+        if let Some(slot) = self.free.pop() {
+            self.slots[slot as usize] = [0; GROUP_LPNS / 64];
+            return slot;
+        }
+        // By a quarter, as the deltas' run lists grow: doubling would leave up to half the
+        // pool's 512-byte slots spare.
+        if self.slots.len() == self.slots.capacity() {
+            self.slots.reserve_exact((self.slots.len() / 4).max(4));
+        }
+        self.slots.push([0; GROUP_LPNS / 64]);
+        (self.slots.len() - 1) as u32
+    }
+
+    pub fn free(&mut self, slot: u32) {
+        debug_assert!((slot as usize) < self.slots.len());
+        self.free.push(slot);
+    }
+
+    #[inline]
+    pub fn get(&self, slot: u32) -> &BufferedBits {
+        &self.slots[slot as usize]
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, slot: u32) -> &mut BufferedBits {
+        &mut self.slots[slot as usize]
+    }
+
+    /// Slots in use.
+    pub fn in_use(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Frees the pool's memory; no slot may be in use.
+    pub fn clear(&mut self) {
+        debug_assert_eq!(self.in_use(), 0);
+        *self = Self::default();
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<BufferedBits>() + self.free.capacity() * 4
+    }
+}
+
+/// Whether `runs` (sorted, disjoint) hold offset `off`: a scan, for deltas without bits.
+#[inline]
+pub(super) fn runs_hold<R: Run>(runs: &[R], off: u32) -> bool {
+    runs.iter().any(|r| off.wrapping_sub(r.start()) < r.len())
+}
+
+/// Around offset `off`, which no run of `runs` (sorted, disjoint) holds: offsets `lo..hi`
+/// holding none (`lo` the end of the nearest run below, `hi` the start of the nearest above).
+/// Exact, where `clear_around` may stop short.
+#[inline]
+pub(super) fn runs_clear_around<R: Run>(runs: &[R], off: u32) -> (u32, u32) {
+    let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
+    for r in runs {
+        let end = r.start() + r.len();
+        if end <= off {
+            lo = end;
+        } else if r.start() > off {
+            hi = hi.min(r.start());
+        }
+    }
+    (lo, hi)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +219,34 @@ mod tests {
             if hi != true_hi {
                 proptest::prop_assert!(hi % 64 == 0 && (hi > lim_hi || hi - off > scan));
             }
+        }
+
+        /// The scans of a delta without bits against a plain set of offsets: `runs_hold` says
+        /// which offsets the runs hold, and `runs_clear_around` gives the exact bounds.
+        #[test]
+        fn run_scans_match_a_set_of_offsets(
+            cuts in proptest::collection::btree_set(0u32..=GROUP_LPNS as u32, 0..20),
+            off in 0u32..GROUP_LPNS as u32,
+        ) {
+            // Sorted cut points, paired: each pair a run (its PPN does not matter here).
+            let cuts: Vec<u32> = cuts.into_iter().collect();
+            let runs: Vec<crate::ftl::mapping::learned::DeltaRun> = cuts
+                .chunks_exact(2)
+                .map(|c| Run::make(c[0], c[1] - c[0], 7))
+                .collect();
+            let mut held = vec![false; GROUP_LPNS];
+            for r in &runs {
+                held[r.start() as usize..(r.start() + r.len()) as usize].fill(true);
+            }
+            for (k, &h) in held.iter().enumerate() {
+                proptest::prop_assert_eq!(runs_hold(&runs, k as u32), h);
+            }
+            if held[off as usize] {
+                return Ok(());
+            }
+            let true_lo = (0..off).rev().find(|&k| held[k as usize]).map_or(0, |k| k + 1);
+            let true_hi = (off + 1..GROUP_LPNS as u32).find(|&k| held[k as usize]).unwrap_or(GROUP_LPNS as u32);
+            proptest::prop_assert_eq!(runs_clear_around(&runs, off), (true_lo, true_hi));
         }
     }
 }

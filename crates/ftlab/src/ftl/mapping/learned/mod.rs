@@ -24,7 +24,10 @@ pub mod words;
 
 use super::runs::{self, Run};
 use super::MappingTable;
-use bits::{clear_around, is_buffered_bit, set_bit, set_bits, BufferedBits, BOUND_SCAN_WORDS};
+use bits::{
+    clear_around, is_buffered_bit, runs_clear_around, runs_hold, set_bit, set_bits, BitsPool,
+    BufferedBits, BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
+};
 use cursor::{Follow, Span, SPAN_UNMAPPED};
 use delta_index::DeltaIndex;
 use serde::{Deserialize, Serialize};
@@ -252,6 +255,9 @@ struct Delta {
     /// `UNBOUNDED_BLOB_BYTES` (the blob keeps its length until the delta is merged): only such
     /// deltas count against the bound on groups (`small_deltas`).
     small: bool,
+    /// Its slot in `bits_pool` (which offsets `runs` hold), kept once it holds more than
+    /// `BITS_ABOVE_RUNS` runs (until then they are scanned); `NO_BITS` before.
+    bits: u32,
     runs: Vec<DeltaRun>,
 }
 
@@ -325,8 +331,8 @@ pub struct LearnedMapping {
     /// Group -> index in `deltas`, for groups with buffered updates.
     delta_index: DeltaIndex,
     deltas: Vec<Delta>,
-    /// Which offsets each delta's runs hold (parallel to `deltas`).
-    buffered_bits: Vec<BufferedBits>,
+    /// Which offsets each delta of many runs holds (`Delta::bits`).
+    bits_pool: BitsPool,
     /// The deltas' run lists' capacities, in bytes (so `heap_bytes` is O(1)).
     run_bytes: usize,
     /// `heap_bytes` at its largest so far (`peak_heap_bytes`).
@@ -381,7 +387,7 @@ impl LearnedMapping {
             groups: GroupStore::new(groups),
             delta_index: DeltaIndex::new(groups),
             deltas: Vec::new(),
-            buffered_bits: Vec::new(),
+            bits_pool: BitsPool::default(),
             run_bytes: 0,
             peak_bytes: 0,
             buffer_clock: 0,
@@ -475,6 +481,7 @@ impl LearnedMapping {
     /// count that drifted would not change a lookup, only when merges happen).
     pub fn assert_buffer_counts(&self) {
         let mut total = 0;
+        let mut slots = std::collections::HashSet::new();
         for (d, delta) in self.deltas.iter().enumerate() {
             let covered: u32 = delta.runs.iter().map(|r| u32::from(r.len)).sum();
             assert_eq!(u32::from(delta.entries), covered, "group {}", delta.group);
@@ -484,20 +491,26 @@ impl LearnedMapping {
                 delta.group
             );
             assert_eq!(self.delta_index.get(delta.group), Some(d as u32));
-            // The bits are the runs' offsets (the tail's deferred appends excluded).
-            let mut bits = [0u64; GROUP_LPNS / 64];
-            for r in &delta.runs {
-                set_bits(&mut bits, r.start(), r.start() + r.len(), true);
+            // The bits, where kept, are the runs' offsets (the tail's deferred appends
+            // excluded); a delta without them has few runs to scan.
+            if delta.bits == NO_BITS {
+                assert!(delta.runs.len() <= BITS_ABOVE_RUNS, "group {}", delta.group);
+            } else {
+                let mut bits = [0u64; GROUP_LPNS / 64];
+                for r in &delta.runs {
+                    set_bits(&mut bits, r.start(), r.start() + r.len(), true);
+                }
+                assert!(
+                    bits == *self.bits_pool.get(delta.bits),
+                    "group {}'s bits",
+                    delta.group
+                );
+                assert!(slots.insert(delta.bits), "bits slot {} twice", delta.bits);
             }
-            assert!(
-                bits == self.buffered_bits[d],
-                "group {}'s bits",
-                delta.group
-            );
             total += u64::from(covered);
         }
         assert_eq!(self.delta_index.len(), self.deltas.len());
-        assert_eq!(self.buffered_bits.len(), self.deltas.len());
+        assert_eq!(self.bits_pool.in_use(), slots.len());
         assert_eq!(self.buffered_entries, total);
         // The deferred appends continue the tail's run, and the budget kept them within the
         // bound that checking after every update would keep.
@@ -582,15 +595,24 @@ impl LearnedMapping {
         // `p_lo..p_hi`, which have no bits yet) is answered from there.
         let delta = self.delta(g);
         let (mut p_lo, mut p_hi) = (0, 0);
+        // Its delta's bits, read once for both the test and the bounds (`None` where it keeps
+        // none: its few runs are scanned).
+        let mut bits = None;
         if let Some(d) = delta {
             let t = &self.tail;
             if t.pending != 0 && t.d == d {
                 p_hi = t.lpn - group_lpn;
                 p_lo = p_hi - t.pending;
             }
-            if is_buffered_bit(&self.buffered_bits[d as usize], off)
-                || off.wrapping_sub(p_lo) < p_hi - p_lo
-            {
+            let dl = &self.deltas[d as usize];
+            let held = if dl.bits == NO_BITS {
+                runs_hold(&dl.runs, off)
+            } else {
+                let b = self.bits_pool.get(dl.bits);
+                bits = Some(b);
+                is_buffered_bit(b, off)
+            };
+            if held || off.wrapping_sub(p_lo) < p_hi - p_lo {
                 return self.buffered_lookup(d, lpn);
             }
         }
@@ -608,7 +630,10 @@ impl LearnedMapping {
         // blob's span reaches (for bitmap words, the offset's word).
         let (mut lo, mut hi) = (0, GROUP_LPNS as u32);
         if let Some(d) = delta {
-            (lo, hi) = clear_around(&self.buffered_bits[d as usize], off, found.lo, found.hi);
+            (lo, hi) = match bits {
+                Some(b) => clear_around(b, off, found.lo, found.hi),
+                None => runs_clear_around(&self.deltas[d as usize].runs, off),
+            };
             if p_lo != p_hi {
                 if p_hi <= off {
                     lo = lo.max(p_hi);
@@ -740,6 +765,41 @@ impl LearnedMapping {
         }
     }
 
+    /// Whether delta `d`'s runs hold offset `off` (its bit, or a scan of its few runs; the
+    /// tail's deferred appends are not looked at).
+    #[inline]
+    fn delta_holds(&self, d: u32, off: u32) -> bool {
+        let delta = &self.deltas[d as usize];
+        if delta.bits == NO_BITS {
+            runs_hold(&delta.runs, off)
+        } else {
+            is_buffered_bit(self.bits_pool.get(delta.bits), off)
+        }
+    }
+
+    /// Delta `d`'s bits, if it keeps them.
+    #[inline]
+    fn bits_mut(&mut self, d: u32) -> Option<&mut BufferedBits> {
+        let slot = self.deltas[d as usize].bits;
+        (slot != NO_BITS).then(|| self.bits_pool.get_mut(slot))
+    }
+
+    /// Gives delta `d`, which has none, its bits, set from its runs: it holds more than
+    /// `BITS_ABOVE_RUNS` runs now (runs are added only where `write_delta_slow` assigns).
+    #[cold]
+    #[inline(never)]
+    fn keep_bits(&mut self, d: u32) {
+        let delta = &self.deltas[d as usize];
+        debug_assert!(delta.bits == NO_BITS && delta.runs.len() > BITS_ABOVE_RUNS);
+        let slot = self.bits_pool.take();
+        let bits = self.bits_pool.get_mut(slot);
+        for r in &delta.runs {
+            set_bits(bits, r.start(), r.start() + r.len(), true);
+        }
+        self.deltas[d as usize].bits = slot;
+        self.note_peak();
+    }
+
     /// Whether the buffer holds the latest update of `lpn` (then the compressed layer may be
     /// stale for it).
     pub fn is_buffered(&self, lpn: u32) -> bool {
@@ -791,11 +851,9 @@ impl LearnedMapping {
         r.len += 1;
         delta.entries += 1;
         self.buffered_entries += 1;
-        set_bit(
-            &mut self.buffered_bits[t.d as usize],
-            lpn & OFFSET_MASK,
-            true,
-        );
+        if let Some(bits) = self.bits_mut(t.d) {
+            set_bit(bits, lpn & OFFSET_MASK, true);
+        }
         self.step_tail(lpn, key);
         true
     }
@@ -865,15 +923,12 @@ impl LearnedMapping {
             let now = self.tick(pending);
             self.write_times.note(first, last, now);
         }
-        let t = &self.tail;
+        let t = self.tail;
         let delta = &mut self.deltas[t.d as usize];
         let end = t.lpn - (delta.group << GROUP_SHIFT);
-        set_bits(
-            &mut self.buffered_bits[t.d as usize],
-            end - pending,
-            end,
-            true,
-        );
+        if delta.bits != NO_BITS {
+            set_bits(self.bits_pool.get_mut(delta.bits), end - pending, end, true);
+        }
         // A delta covers at most GROUP_LPNS offsets, so the counts fit their u16s.
         delta.runs[t.at as usize].len += pending as u16;
         delta.entries += pending as u16;
@@ -892,7 +947,9 @@ impl LearnedMapping {
         let Some(covered) = runs::extend_at(&mut delta.runs, at, off, value) else {
             return false;
         };
-        set_bit(&mut self.buffered_bits[d as usize], off, true);
+        if delta.bits != NO_BITS {
+            set_bit(self.bits_pool.get_mut(delta.bits), off, true);
+        }
         if !covered {
             delta.entries += 1;
             self.buffered_entries += 1;
@@ -978,13 +1035,13 @@ impl LearnedMapping {
                     .blob(g)
                     .is_none_or(|b| group::encoded_len(b) < UNBOUNDED_BLOB_BYTES);
                 self.small_deltas += usize::from(small);
-                self.buffered_bits.push([0; GROUP_LPNS / 64]);
                 self.deltas.push(Delta {
                     group: g,
                     entries: 0,
                     cursor: 0,
                     since: self.buffer_clock,
                     small,
+                    bits: NO_BITS,
                     runs: Vec::new(),
                 });
                 self.delta_index.set(g, d);
@@ -1016,7 +1073,12 @@ impl LearnedMapping {
         }
         let delta = &mut self.deltas[d as usize];
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
-        set_bit(&mut self.buffered_bits[d as usize], off, value.is_some());
+        let many = if delta.bits != NO_BITS {
+            set_bit(self.bits_pool.get_mut(delta.bits), off, value.is_some());
+            false
+        } else {
+            delta.runs.len() > BITS_ABOVE_RUNS
+        };
         // Fewer than GROUP_LPNS runs, so the index fits.
         delta.cursor = at as u16;
         match (old, value) {
@@ -1033,6 +1095,9 @@ impl LearnedMapping {
         if delta.entries == 0 {
             self.drop_delta(d);
         } else {
+            if many {
+                self.keep_bits(d);
+            }
             self.set_tail();
         }
     }
@@ -1051,7 +1116,9 @@ impl LearnedMapping {
         debug_assert_eq!(self.tail.pending, 0);
         self.note_peak();
         let delta = self.deltas.swap_remove(d as usize);
-        self.buffered_bits.swap_remove(d as usize);
+        if delta.bits != NO_BITS {
+            self.bits_pool.free(delta.bits);
+        }
         self.run_bytes -= delta.runs.capacity() * std::mem::size_of::<DeltaRun>();
         self.last_delta = NO_LAST_DELTA;
         self.tail = Tail::NONE;
@@ -1198,12 +1265,14 @@ impl LearnedMapping {
         }
         let delta = &mut self.deltas[t.d as usize];
         delta.runs.remove(t.at as usize);
-        set_bits(
-            &mut self.buffered_bits[t.d as usize],
-            r.start(),
-            r.start() + r.len(),
-            false,
-        );
+        if delta.bits != NO_BITS {
+            set_bits(
+                self.bits_pool.get_mut(delta.bits),
+                r.start(),
+                r.start() + r.len(),
+                false,
+            );
+        }
         delta.cursor = delta.cursor.min(delta.runs.len().saturating_sub(1) as u16);
         delta.entries -= r.len;
         self.buffered_entries -= u64::from(r.len);
@@ -1305,13 +1374,12 @@ impl MappingTable for LearnedMapping {
         }
         let (g, off) = (lpn >> GROUP_SHIFT, lpn & OFFSET_MASK);
         let buffered = self.delta(g).is_some_and(|d| {
-            let bits = &self.buffered_bits[d as usize];
             if self.write_times.before(from, self.deltas[d as usize].since) {
-                debug_assert!(!is_buffered_bit(bits, off), "lpn {lpn}");
+                debug_assert!(!self.delta_holds(d, off), "lpn {lpn}");
                 self.stats.gc_moves_known_unbuffered += 1;
                 return false;
             }
-            is_buffered_bit(bits, off)
+            self.delta_holds(d, off)
         });
         if !buffered && self.update_in_place(lpn, to) {
             return;
@@ -1355,7 +1423,7 @@ impl MappingTable for LearnedMapping {
             + self.delta_index.heap_bytes()
             + self.write_times.chunks.capacity() * 4
             + self.deltas.capacity() * std::mem::size_of::<Delta>()
-            + self.buffered_bits.capacity() * std::mem::size_of::<BufferedBits>()
+            + self.bits_pool.heap_bytes()
             + self.run_bytes
     }
 
@@ -1408,7 +1476,7 @@ impl MappingTable for LearnedMapping {
             self.merge(0, &mut work);
         }
         self.deltas.shrink_to_fit();
-        self.buffered_bits.shrink_to_fit();
+        self.bits_pool.clear();
         // Nothing is buffered now: the index's chunks go too.
         self.delta_index.clear();
         self.write_times.chunks.shrink_to_fit();
