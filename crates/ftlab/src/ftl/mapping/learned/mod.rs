@@ -131,8 +131,9 @@ fn run_end_key(r: &DeltaRun) -> u64 {
 
 /// The fewest runs a delta's list grows by (see `write_delta_slow`).
 const MIN_RUNS_GROWTH: usize = 8;
-/// A buffered group costs its bits (512 bytes) and its record besides its runs (8 bytes each),
-/// so the buffer holds at most one group per this many LPNs of its bound (and at least
+/// A buffered group costs its record (48 bytes) and its first run list (64 bytes) at least, and
+/// 512 bytes of bits once it holds more than 8 runs, so the buffer holds at most one group per
+/// this many LPNs of its bound (and at least
 /// `MIN_BUFFER_GROUPS`), of the groups whose blobs are small (`UNBOUNDED_BLOB_BYTES`): writes
 /// scattered one to a group cannot make it some 75 times its bound's worth of runs. (Uniform
 /// random writes over 1 TiB held 38 MB of buffer for 62 K LPNs.) The nbdkit traces and the
@@ -141,7 +142,7 @@ const MIN_RUNS_GROWTH: usize = 8;
 const BOUND_LPNS_PER_GROUP: u64 = 64;
 const MIN_BUFFER_GROUPS: u64 = 64;
 /// A group whose blob takes at least this many bytes is buffered outside that bound: its
-/// buffer's fixed cost (about 600 bytes) is then at most about its own blob's size, so the
+/// buffer's fixed cost (at most about 600 bytes) is then at most about its own blob's size, so the
 /// buffer stays within a small multiple of the table. Without it, uniformly random writes to a
 /// fresh drive (768 groups, soon of a hundred or more random PPNs each, against a bound of 64
 /// groups and more) merged a group of one or two LPNs at about every third write, 0.2 M
@@ -260,6 +261,9 @@ struct Delta {
     bits: u32,
     runs: Vec<DeltaRun>,
 }
+
+// A delta's record, as `BOUND_LPNS_PER_GROUP`'s comment counts it.
+const _: () = assert!(std::mem::size_of::<Delta>() == 48);
 
 /// Working memory of merges, allocated per round of merges (not part of the table at rest).
 #[derive(Default)]
@@ -1062,7 +1066,8 @@ impl LearnedMapping {
         // buffer's lists spare (counted in the table's bytes); by a quarter it leaves a fifth,
         // amortised O(1) all the same. Short lists grow by `MIN_RUNS_GROWTH` runs: growing by two
         // at a time cost this function 13 % more instructions on files' simulated updates, and
-        // 48 more bytes are little beside a delta's 512 bytes of bits.
+        // 48 more bytes are little beside a delta's record; the first list's 8 runs are as many
+        // as a delta without bits holds (`BITS_ABOVE_RUNS`).
         if delta.runs.capacity() - delta.runs.len() < 2 {
             let before = delta.runs.capacity();
             delta
