@@ -26,7 +26,7 @@ use super::runs::{self, Run};
 use super::MappingTable;
 use bits::{
     clear_around, is_buffered_bit, runs_clear_around, runs_hold, set_bit, set_bits, BitsPool,
-    BufferedBits, BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
+    BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
 };
 use cursor::{Follow, Span, SPAN_UNMAPPED};
 use delta_index::DeltaIndex;
@@ -262,7 +262,8 @@ struct Delta {
     runs: Vec<DeltaRun>,
 }
 
-// A delta's record, as `BOUND_LPNS_PER_GROUP`'s comment counts it.
+// A delta's record, as `BOUND_LPNS_PER_GROUP`'s comment counts it (on 64-bit targets).
+#[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Delta>() == 48);
 
 /// Working memory of merges, allocated per round of merges (not part of the table at rest).
@@ -781,13 +782,6 @@ impl LearnedMapping {
         }
     }
 
-    /// Delta `d`'s bits, if it keeps them.
-    #[inline]
-    fn bits_mut(&mut self, d: u32) -> Option<&mut BufferedBits> {
-        let slot = self.deltas[d as usize].bits;
-        (slot != NO_BITS).then(|| self.bits_pool.get_mut(slot))
-    }
-
     /// Gives delta `d`, which has none, its bits, set from its runs: it holds more than
     /// `BITS_ABOVE_RUNS` runs now (runs are added only where `write_delta_slow` assigns).
     #[cold]
@@ -854,10 +848,10 @@ impl LearnedMapping {
         );
         r.len += 1;
         delta.entries += 1;
-        self.buffered_entries += 1;
-        if let Some(bits) = self.bits_mut(t.d) {
-            set_bit(bits, lpn & OFFSET_MASK, true);
+        if delta.bits != NO_BITS {
+            set_bit(self.bits_pool.get_mut(delta.bits), lpn & OFFSET_MASK, true);
         }
+        self.buffered_entries += 1;
         self.step_tail(lpn, key);
         true
     }
