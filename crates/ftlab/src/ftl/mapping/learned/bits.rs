@@ -123,9 +123,12 @@ impl BitsPool {
         (self.slots.len() - 1) as u32
     }
 
+    /// Frees `slot` for reuse; nothing for `NO_BITS`.
     pub fn free(&mut self, slot: u32) {
-        debug_assert!((slot as usize) < self.slots.len());
-        self.free.push(slot);
+        if slot != NO_BITS {
+            debug_assert!((slot as usize) < self.slots.len());
+            self.free.push(slot);
+        }
     }
 
     #[inline]
@@ -136,6 +139,22 @@ impl BitsPool {
     #[inline]
     pub fn get_mut(&mut self, slot: u32) -> &mut BufferedBits {
         &mut self.slots[slot as usize]
+    }
+
+    /// `set_bit` in `slot`'s bits; nothing for `NO_BITS` (a delta whose runs are scanned).
+    #[inline]
+    pub fn set_bit(&mut self, slot: u32, off: u32, on: bool) {
+        if slot != NO_BITS {
+            set_bit(self.get_mut(slot), off, on);
+        }
+    }
+
+    /// `set_bits` in `slot`'s bits; nothing for `NO_BITS`.
+    #[inline]
+    pub fn set_bits(&mut self, slot: u32, lo: u32, hi: u32, on: bool) {
+        if slot != NO_BITS {
+            set_bits(self.get_mut(slot), lo, hi, on);
+        }
     }
 
     /// Slots in use.

@@ -25,7 +25,7 @@ pub mod words;
 use super::runs::{self, Run};
 use super::MappingTable;
 use bits::{
-    clear_around, is_buffered_bit, runs_clear_around, runs_hold, set_bit, set_bits, BitsPool,
+    clear_around, is_buffered_bit, runs_clear_around, runs_hold, set_bits, BitsPool, BufferedBits,
     BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
 };
 use cursor::{Follow, Span, SPAN_UNMAPPED};
@@ -609,14 +609,8 @@ impl LearnedMapping {
                 p_hi = t.lpn - group_lpn;
                 p_lo = p_hi - t.pending;
             }
-            let dl = &self.deltas[d as usize];
-            let held = if dl.bits == NO_BITS {
-                runs_hold(&dl.runs, off)
-            } else {
-                let b = self.bits_pool.get(dl.bits);
-                bits = Some(b);
-                is_buffered_bit(b, off)
-            };
+            let held;
+            (held, bits) = self.delta_holds(d, off);
             if held || off.wrapping_sub(p_lo) < p_hi - p_lo {
                 return self.buffered_lookup(d, lpn);
             }
@@ -771,14 +765,15 @@ impl LearnedMapping {
     }
 
     /// Whether delta `d`'s runs hold offset `off` (its bit, or a scan of its few runs; the
-    /// tail's deferred appends are not looked at).
+    /// tail's deferred appends are not looked at), and its bits if it keeps them.
     #[inline]
-    fn delta_holds(&self, d: u32, off: u32) -> bool {
+    fn delta_holds(&self, d: u32, off: u32) -> (bool, Option<&BufferedBits>) {
         let delta = &self.deltas[d as usize];
         if delta.bits == NO_BITS {
-            runs_hold(&delta.runs, off)
+            (runs_hold(&delta.runs, off), None)
         } else {
-            is_buffered_bit(self.bits_pool.get(delta.bits), off)
+            let bits = self.bits_pool.get(delta.bits);
+            (is_buffered_bit(bits, off), Some(bits))
         }
     }
 
@@ -848,9 +843,7 @@ impl LearnedMapping {
         );
         r.len += 1;
         delta.entries += 1;
-        if delta.bits != NO_BITS {
-            set_bit(self.bits_pool.get_mut(delta.bits), lpn & OFFSET_MASK, true);
-        }
+        self.bits_pool.set_bit(delta.bits, lpn & OFFSET_MASK, true);
         self.buffered_entries += 1;
         self.step_tail(lpn, key);
         true
@@ -924,9 +917,8 @@ impl LearnedMapping {
         let t = self.tail;
         let delta = &mut self.deltas[t.d as usize];
         let end = t.lpn - (delta.group << GROUP_SHIFT);
-        if delta.bits != NO_BITS {
-            set_bits(self.bits_pool.get_mut(delta.bits), end - pending, end, true);
-        }
+        self.bits_pool
+            .set_bits(delta.bits, end - pending, end, true);
         // A delta covers at most GROUP_LPNS offsets, so the counts fit their u16s.
         delta.runs[t.at as usize].len += pending as u16;
         delta.entries += pending as u16;
@@ -945,9 +937,7 @@ impl LearnedMapping {
         let Some(covered) = runs::extend_at(&mut delta.runs, at, off, value) else {
             return false;
         };
-        if delta.bits != NO_BITS {
-            set_bit(self.bits_pool.get_mut(delta.bits), off, true);
-        }
+        self.bits_pool.set_bit(delta.bits, off, true);
         if !covered {
             delta.entries += 1;
             self.buffered_entries += 1;
@@ -1072,12 +1062,8 @@ impl LearnedMapping {
         }
         let delta = &mut self.deltas[d as usize];
         let (old, at) = runs::assign_at(&mut delta.runs, off, value);
-        let many = if delta.bits != NO_BITS {
-            set_bit(self.bits_pool.get_mut(delta.bits), off, value.is_some());
-            false
-        } else {
-            delta.runs.len() > BITS_ABOVE_RUNS
-        };
+        self.bits_pool.set_bit(delta.bits, off, value.is_some());
+        let many = delta.bits == NO_BITS && delta.runs.len() > BITS_ABOVE_RUNS;
         // Fewer than GROUP_LPNS runs, so the index fits.
         delta.cursor = at as u16;
         match (old, value) {
@@ -1115,9 +1101,7 @@ impl LearnedMapping {
         debug_assert_eq!(self.tail.pending, 0);
         self.note_peak();
         let delta = self.deltas.swap_remove(d as usize);
-        if delta.bits != NO_BITS {
-            self.bits_pool.free(delta.bits);
-        }
+        self.bits_pool.free(delta.bits);
         self.run_bytes -= delta.runs.capacity() * std::mem::size_of::<DeltaRun>();
         self.last_delta = NO_LAST_DELTA;
         self.tail = Tail::NONE;
@@ -1264,14 +1248,8 @@ impl LearnedMapping {
         }
         let delta = &mut self.deltas[t.d as usize];
         delta.runs.remove(t.at as usize);
-        if delta.bits != NO_BITS {
-            set_bits(
-                self.bits_pool.get_mut(delta.bits),
-                r.start(),
-                r.start() + r.len(),
-                false,
-            );
-        }
+        self.bits_pool
+            .set_bits(delta.bits, r.start(), r.start() + r.len(), false);
         delta.cursor = delta.cursor.min(delta.runs.len().saturating_sub(1) as u16);
         delta.entries -= r.len;
         self.buffered_entries -= u64::from(r.len);
@@ -1374,11 +1352,11 @@ impl MappingTable for LearnedMapping {
         let (g, off) = (lpn >> GROUP_SHIFT, lpn & OFFSET_MASK);
         let buffered = self.delta(g).is_some_and(|d| {
             if self.write_times.before(from, self.deltas[d as usize].since) {
-                debug_assert!(!self.delta_holds(d, off), "lpn {lpn}");
+                debug_assert!(!self.delta_holds(d, off).0, "lpn {lpn}");
                 self.stats.gc_moves_known_unbuffered += 1;
                 return false;
             }
-            self.delta_holds(d, off)
+            self.delta_holds(d, off).0
         });
         if !buffered && self.update_in_place(lpn, to) {
             return;
