@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every fuzz target (the five trace parsers, the NBD connection, the mapping tables, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
+# Runs every fuzz target (the five trace parsers, the NBD connection, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); RUSTC_BOOTSTRAP lets it use the stable toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -21,7 +21,7 @@ mkdir -p corpus/nbd_connection
 # A client greeting: flags, then NBD_OPT_GO for "ftlab" (the fuzzer mutates from here).
 printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00' > corpus/nbd_connection/seed
 failed=()
-for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_connection mapping_tables group_encodings; do
+for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_connection mapping_tables mapping_sparse group_encodings; do
   echo "== $t (${seconds}s)"
   # nbd_connection starts worker threads per input; libFuzzer's leak check can catch a joined
   # thread still in its TLS destructors and report std's own thread handle (see README), and

@@ -205,6 +205,13 @@ proptest! {
         oracle::check_all(&oracle::ops_from_bytes(&data, LPNS), LPNS, 32, BUFFER_LIVE_DIVISOR);
     }
 
+    /// The `mapping_sparse` fuzz target's check, on random bytes: the same operations over
+    /// blocks of LPNs far apart in a device of up to 400 GiB.
+    #[test]
+    fn fuzz_decoded_operations_on_a_sparse_device_match_a_hashmap(data in prop::collection::vec(any::<u8>(), 0..400)) {
+        oracle::SparseDevice::check_bytes(&data);
+    }
+
     /// The `group_encodings` fuzz target's check, on random bytes: one group in its chosen
     /// encoding and in bitmap words, read back lookup by lookup and updated in place.
     #[test]

@@ -12,8 +12,22 @@ pub fn check_table<M: MappingTable>(
     table: &mut M,
     ops: &[(u32, Option<u32>)],
     lpns: u32,
+    after_op: impl FnMut(&M, &HashMap<u32, u32>),
+) {
+    let every_lpn: Vec<u32> = (0..lpns).collect();
+    check_table_probing(table, ops, lpns, &every_lpn, after_op);
+}
+
+/// `check_table`, reading back only the LPNs of `probes` (ascending, below `lpns`) at the end,
+/// for devices too large to read whole.
+pub fn check_table_probing<M: MappingTable>(
+    table: &mut M,
+    ops: &[(u32, Option<u32>)],
+    lpns: u32,
+    probes: &[u32],
     mut after_op: impl FnMut(&M, &HashMap<u32, u32>),
 ) {
+    debug_assert!(probes.windows(2).all(|w| w[0] < w[1]) && probes.last() < Some(&lpns));
     let mut oracle: HashMap<u32, u32> = HashMap::new();
     // The largest heap seen after an operation: the table's peak may not be below it.
     let mut most_bytes = table.heap_bytes();
@@ -62,7 +76,7 @@ pub fn check_table<M: MappingTable>(
         );
         after_op(table, &oracle);
     }
-    for lpn in 0..lpns {
+    for &lpn in probes {
         assert_eq!(
             table.get(lpn),
             oracle.get(&lpn).copied(),
@@ -72,13 +86,14 @@ pub fn check_table<M: MappingTable>(
     }
     // A lookup just before compacting, and the read-back starting right after it: where a
     // lookup ended must not outlive the re-encoding.
-    let mid = lpns / 2;
-    if mid < lpns {
-        table.get(mid);
+    let mid = probes.len() / 2;
+    if let Some(&lpn) = probes.get(mid) {
+        table.get(lpn);
     }
     table.compact();
     assert!(table.peak_heap_bytes() >= most_bytes, "{}", table.name());
-    for lpn in (mid + 1..lpns).chain(0..(mid + 1).min(lpns)) {
+    let (before, after) = probes.split_at((mid + 1).min(probes.len()));
+    for &lpn in after.iter().chain(before) {
         let want = oracle.get(&lpn).copied();
         assert_eq!(
             table.get(lpn),
@@ -94,22 +109,35 @@ pub fn check_table<M: MappingTable>(
 /// buffer does not hold is read from the compressed layer.
 pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64, learned_divisor: u64) {
     check_table(&mut FlatMapping::new(u64::from(lpns)), ops, lpns, |_, _| {});
-    check_table(&mut HashMapping::new(), ops, lpns, |_, _| {});
-    check_table(&mut ExtentMapping::new(), ops, lpns, |_, _| {});
+    let every_lpn: Vec<u32> = (0..lpns).collect();
+    check_sparse_tables(ops, lpns, &every_lpn, learned_buffer, learned_divisor);
+}
+
+/// `check_all` but for the flat array (a device's worth of memory), reading back the LPNs of
+/// `probes` (ascending): for sparse devices (`SparseDevice`).
+pub fn check_sparse_tables(
+    ops: &[(u32, Option<u32>)],
+    lpns: u32,
+    probes: &[u32],
+    learned_buffer: u64,
+    learned_divisor: u64,
+) {
+    check_table_probing(&mut HashMapping::new(), ops, lpns, probes, |_, _| {});
+    check_table_probing(&mut ExtentMapping::new(), ops, lpns, probes, |_, _| {});
     let mut merges_seen = 0;
     // At most two groups buffered (the tests' few groups never reach the default 64): merges
     // also come from the bound on groups, which takes the clock hand's next group.
     let mut learned = LearnedMapping::with_buffer(u64::from(lpns), learned_buffer)
         .buffer_live_divisor(learned_divisor)
         .buffer_min_groups(2);
-    check_table(&mut learned, ops, lpns, |t, oracle| {
+    check_table_probing(&mut learned, ops, lpns, probes, |t, oracle| {
         t.assert_buffer_counts();
         if t.stats().merges == merges_seen {
             return;
         }
         merges_seen = t.stats().merges;
         assert!(t.buffered_entries() <= t.buffer_bound());
-        for lpn in 0..lpns {
+        for &lpn in probes {
             if !t.is_buffered(lpn) {
                 let want = oracle.get(&lpn).copied();
                 assert_eq!(t.compressed(lpn), want, "compressed layer, lpn {lpn}");
@@ -121,6 +149,76 @@ pub fn check_all(ops: &[(u32, Option<u32>)], lpns: u32, learned_buffer: u64, lea
         0,
         "compact() leaves nothing buffered"
     );
+}
+
+/// A sparse device for `ops_from_bytes`' operations: their LPNs, below `SPARSE_USED_LPNS`, are
+/// laid out in `SPARSE_BLOCKS` blocks of `SPARSE_BLOCK_LPNS`, block `k` from LPN `k * stride`.
+/// The strides put the blocks in groups far apart (a block may straddle two), over several
+/// chunks of the learned table's delta index and directory (1024 groups each), in devices of up
+/// to 400 GiB; what the dense device of the other checks never reaches.
+#[derive(Clone, Copy, Debug)]
+pub struct SparseDevice {
+    pub stride: u32,
+}
+
+pub const SPARSE_BLOCK_LPNS: u32 = 512;
+pub const SPARSE_BLOCKS: u32 = 24;
+pub const SPARSE_USED_LPNS: u32 = SPARSE_BLOCK_LPNS * SPARSE_BLOCKS;
+
+impl SparseDevice {
+    /// One of four layouts: blocks in adjacent groups, 227 groups apart (about four blocks a
+    /// chunk), 1031 (about one a chunk) and 1 group and 7 LPNs apart (most straddle two groups).
+    pub fn from_byte(b: u8) -> Self {
+        const GROUP: u32 = super::learned::GROUP_LPNS as u32;
+        let stride = match b % 4 {
+            0 => GROUP,
+            1 => 227 * GROUP + 4001,
+            2 => 1031 * GROUP + 123,
+            _ => GROUP + 7,
+        };
+        Self { stride }
+    }
+
+    pub fn lpns(&self) -> u32 {
+        SPARSE_BLOCKS * self.stride
+    }
+
+    /// The device LPN of used LPN `v` (< `SPARSE_USED_LPNS`).
+    pub fn lpn(&self, v: u32) -> u32 {
+        v / SPARSE_BLOCK_LPNS * self.stride + v % SPARSE_BLOCK_LPNS
+    }
+
+    /// Every block's LPNs and the LPN either side of it, ascending: what a read-back checks.
+    pub fn probes(&self) -> Vec<u32> {
+        let mut probes: Vec<u32> = (0..SPARSE_BLOCKS)
+            .flat_map(|k| {
+                let first = k * self.stride;
+                first.saturating_sub(1)..(first + SPARSE_BLOCK_LPNS + 1).min(self.lpns())
+            })
+            .collect();
+        probes.dedup();
+        probes
+    }
+
+    /// The `mapping_sparse` fuzz target's check (and its property test's): `ops_from_bytes` on
+    /// the device `data` picks, every table but the flat array against the oracle, the learned
+    /// one with the fuzz target's buffer (`check_all`'s 32 entries at least).
+    pub fn check_bytes(data: &[u8]) {
+        let (device, ops) = Self::ops_from_bytes(data);
+        let divisor = super::learned::BUFFER_LIVE_DIVISOR;
+        check_sparse_tables(&ops, device.lpns(), &device.probes(), 32, divisor);
+    }
+
+    /// Fuzzer bytes as operations on this device: the first byte picks the layout, the rest go
+    /// to `ops_from_bytes`.
+    pub fn ops_from_bytes(data: &[u8]) -> (Self, Vec<(u32, Option<u32>)>) {
+        let device = Self::from_byte(data.first().copied().unwrap_or(0));
+        let mut ops = ops_from_bytes(data.get(1..).unwrap_or(&[]), SPARSE_USED_LPNS);
+        for (lpn, _) in &mut ops {
+            *lpn = device.lpn(*lpn);
+        }
+        (device, ops)
+    }
 }
 
 /// A log-structured device with FIFO cleaning, against a HashMap: `steps` host writes (a fill of
