@@ -6,8 +6,9 @@ use std::collections::HashMap;
 
 /// Replays `ops` ((lpn, Some(ppn)) = set or, for some updates of a mapped LPN, relocate;
 /// (lpn, None) = remove) on `table`, comparing every returned previous value and the live count
-/// with the oracle, then reads back every LPN below `lpns`, before and after `compact()`.
-/// `after_op` may inspect the table after each op. Panics on the first difference.
+/// with the oracle, and after each op looks up (`peek` and `get`) the LPN and the two after it;
+/// then reads back every LPN below `lpns`, before and after `compact()`. `after_op` may inspect
+/// the table after each op. Panics on the first difference.
 pub fn check_table<M: MappingTable>(
     table: &mut M,
     ops: &[(u32, Option<u32>)],
@@ -59,10 +60,20 @@ pub fn check_table_probing<M: MappingTable>(
         // Lookups between updates, of the LPN and the two after it: a table that remembers
         // where its last lookup ended (learned: the cursor and the follow-on position) must
         // not answer from what the update changed.
+        // A `peek` may know nothing (`None`), but what it does know must be right.
         for l in lpn..lpn.saturating_add(3).min(lpns) {
+            let want = oracle.get(&l).copied();
+            if let Some(ppn) = table.peek(l) {
+                assert_eq!(
+                    Some(ppn),
+                    want,
+                    "{}: peek of lpn {l} after an update of lpn {lpn}",
+                    table.name()
+                );
+            }
             assert_eq!(
                 table.get(l),
-                oracle.get(&l).copied(),
+                want,
                 "{}: lpn {l} after an update of lpn {lpn}",
                 table.name()
             );
