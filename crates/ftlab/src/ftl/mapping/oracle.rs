@@ -163,12 +163,13 @@ pub fn check_sparse_tables(
 }
 
 /// A sparse device for `ops_from_bytes`' operations: their LPNs, below `SPARSE_USED_LPNS`, are
-/// laid out in `SPARSE_BLOCKS` blocks of `SPARSE_BLOCK_LPNS`, block `k` from LPN `k * stride`.
-/// The strides put the blocks in groups far apart (a block may straddle two), over several
-/// chunks of the learned table's delta index and directory (1024 groups each), in devices of up
-/// to 400 GiB; what the dense device of the other checks never reaches.
+/// laid out in `SPARSE_BLOCKS` blocks of `SPARSE_BLOCK_LPNS`, block `k` from LPN `first + k *
+/// stride`. The layouts put the blocks in groups far apart, over several chunks of the learned
+/// table's delta index and directory (1024 groups each), in devices of up to 400 GiB, or across
+/// group boundaries: what the dense device of the other checks never reaches.
 #[derive(Clone, Copy, Debug)]
 pub struct SparseDevice {
+    pub first: u32,
     pub stride: u32,
 }
 
@@ -177,33 +178,34 @@ pub const SPARSE_BLOCKS: u32 = 24;
 pub const SPARSE_USED_LPNS: u32 = SPARSE_BLOCK_LPNS * SPARSE_BLOCKS;
 
 impl SparseDevice {
-    /// One of four layouts: blocks in adjacent groups, 227 groups apart (about four blocks a
-    /// chunk), 1031 (about one a chunk) and 1 group and 7 LPNs apart (most straddle two groups).
+    /// One of four layouts: blocks at the start of adjacent groups; 227 groups apart (about four
+    /// blocks a chunk; blocks 1 to 5 straddle two groups); 1031 groups apart (one a chunk); and
+    /// adjacent groups' last 256 LPNs with the next ones' first 256 (every block straddles two).
     pub fn from_byte(b: u8) -> Self {
         const GROUP: u32 = super::learned::GROUP_LPNS as u32;
-        let stride = match b % 4 {
-            0 => GROUP,
-            1 => 227 * GROUP + 4001,
-            2 => 1031 * GROUP + 123,
-            _ => GROUP + 7,
+        let (first, stride) = match b % 4 {
+            0 => (0, GROUP),
+            1 => (0, 227 * GROUP + 4001),
+            2 => (0, 1031 * GROUP + 123),
+            _ => (GROUP - SPARSE_BLOCK_LPNS / 2, GROUP),
         };
-        Self { stride }
+        Self { first, stride }
     }
 
     pub fn lpns(&self) -> u32 {
-        SPARSE_BLOCKS * self.stride
+        self.first + SPARSE_BLOCKS * self.stride
     }
 
     /// The device LPN of used LPN `v` (< `SPARSE_USED_LPNS`).
     pub fn lpn(&self, v: u32) -> u32 {
-        v / SPARSE_BLOCK_LPNS * self.stride + v % SPARSE_BLOCK_LPNS
+        self.first + v / SPARSE_BLOCK_LPNS * self.stride + v % SPARSE_BLOCK_LPNS
     }
 
     /// Every block's LPNs and the LPN either side of it, ascending: what a read-back checks.
     pub fn probes(&self) -> Vec<u32> {
         let mut probes: Vec<u32> = (0..SPARSE_BLOCKS)
             .flat_map(|k| {
-                let first = k * self.stride;
+                let first = self.lpn(k * SPARSE_BLOCK_LPNS);
                 first.saturating_sub(1)..(first + SPARSE_BLOCK_LPNS + 1).min(self.lpns())
             })
             .collect();
@@ -211,9 +213,10 @@ impl SparseDevice {
         probes
     }
 
-    /// The `mapping_sparse` fuzz target's check (and its property test's): `ops_from_bytes` on
-    /// the device `data` picks, every table but the flat array against the oracle, the learned
-    /// one with the fuzz target's buffer (`check_all`'s 32 entries at least).
+    /// The `mapping_sparse` fuzz target's check, and its property test's: `data`'s operations
+    /// on the device its first byte picks (`ops_from_bytes`), on every table but the flat array
+    /// (`check_sparse_tables`), the learned table's buffer at least 32 entries, as in the
+    /// `mapping_tables` target.
     pub fn check_bytes(data: &[u8]) {
         let (device, ops) = Self::ops_from_bytes(data);
         let divisor = super::learned::BUFFER_LIVE_DIVISOR;
@@ -350,4 +353,35 @@ pub fn ops_from_bytes(data: &[u8], lpns: u32) -> Vec<(u32, Option<u32>)> {
         }
     }
     ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ftl::mapping::learned::GROUP_LPNS;
+
+    /// The layouts are what `SparseDevice::from_byte` says: probes ascending and on the device,
+    /// the blocks straddling groups and spread over directory chunks as described.
+    #[test]
+    fn sparse_layouts_straddle_and_spread_as_described() {
+        let group = GROUP_LPNS as u32;
+        let chunk_lpns = 1024 * group;
+        for (byte, straddling, chunks) in [(0u8, 0, 1), (1, 5, 6), (2, 0, 24), (3, 24, 1)] {
+            let d = SparseDevice::from_byte(byte);
+            let probes = d.probes();
+            assert!(probes.windows(2).all(|w| w[0] < w[1]), "layout {byte}");
+            assert!(*probes.last().unwrap() < d.lpns(), "layout {byte}");
+            let firsts: Vec<u32> = (0..SPARSE_BLOCKS)
+                .map(|k| d.lpn(k * SPARSE_BLOCK_LPNS))
+                .collect();
+            let straddle = firsts
+                .iter()
+                .filter(|&&f| f / group != (f + SPARSE_BLOCK_LPNS - 1) / group)
+                .count();
+            assert_eq!(straddle, straddling, "layout {byte}");
+            let mut spanned: Vec<u32> = firsts.iter().map(|f| f / chunk_lpns).collect();
+            spanned.dedup();
+            assert_eq!(spanned.len(), chunks, "layout {byte}");
+        }
+    }
 }
