@@ -9,9 +9,9 @@
 use super::super::runs::Run;
 use super::GROUP_LPNS;
 
-/// A delta keeps bits once it holds more runs than this (its first run list's capacity,
-/// `MIN_RUNS_GROWTH`); until then its runs are scanned.
-pub(super) const BITS_ABOVE_RUNS: usize = 8;
+/// A delta keeps bits once it holds more runs than this (its first run list's capacity); until
+/// then its runs are scanned.
+pub(super) const BITS_ABOVE_RUNS: usize = super::MIN_RUNS_GROWTH;
 
 /// `Delta::bits` of a delta that has none.
 pub(super) const NO_BITS: u32 = u32::MAX;
