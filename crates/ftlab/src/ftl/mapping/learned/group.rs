@@ -21,11 +21,15 @@
 //!     residuals, bit-packed, each segment's at its own width
 //! ```
 //!
-//! Runs (for groups with a few runs, where a header would cost more than the model saves):
+//! Runs (for groups with a few runs, where a header would cost more than the model saves, and
+//! for sparse groups of scattered pages, where 4 bytes an interval would):
 //!
 //! ```text
 //! 0   u16 0x8000 | n_runs
-//! 2   u16 off[n_runs], u16 len[n_runs], u32 ppn[n_runs]   offsets ascending
+//! 2   u8  w_len, u8 w_ppn   bit widths: the longest run's length - 1, the first PPNs' spread
+//! 4   u32 ppn_min           the smallest first PPN
+//! 8   u16 off[n_runs]       offsets ascending
+//!     runs, bit-packed, n_runs x (len - 1 at w_len bits, then first PPN - ppn_min at w_ppn)
 //! ```
 //!
 //! Every field is read with one unaligned u64 load, so the caller keeps `TAIL_PAD` readable
@@ -51,6 +55,8 @@ const WORST_CASE_GROUP_BYTES: usize = HEADER_BYTES + 2 + 3;
 /// Readable bytes the caller keeps after every blob.
 pub const TAIL_PAD: usize = 8;
 const RUNS_FLAG: u32 = 0x8000;
+/// A run list's header: its flag and count, the two widths and `ppn_min`.
+const RUNS_HEADER_BYTES: usize = 8;
 pub const UNMAPPED: u32 = u32::MAX;
 
 // Blobs are only ever made by `encode`, whose layout keeps every read below in bounds (the
@@ -401,13 +407,13 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
         return patches::lookup_with::<ROOM>(b, off);
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
-        let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
-        match run_reached(b, 2, n, off, at) {
+        let list = RunList::read(b);
+        match run_reached(b, RUNS_HEADER_BYTES, list.n, off, at) {
             // A run list's spans are whole runs: following on lands on a run's start.
             Ok(start) => debug_assert_eq!(off, start),
             Err(hole) => return hole,
         }
-        return run_answer(b, n, i, off);
+        return run_answer(b, &list, i, off);
     }
     let h = Header::read(b);
     let (start, len) = if h.n_intervals == 0 {
@@ -632,30 +638,27 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
         return patches::update_in_place(b, off, ppn);
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
-        let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
-        let (offs_at, lens_at, ppns_at) = (2, 2 + 2 * n, 2 + 4 * n);
-        let Ok((i, _, 1)) = find_run(b, offs_at, n, off, |i| rd16(b, lens_at + 2 * i)) else {
+        let list = RunList::read(b);
+        let Ok((i, _, 1)) = find_run(b, RUNS_HEADER_BYTES, list.n, off, |i| list.run(b, i).0)
+        else {
             return false;
         };
-        let run = |i: usize| {
-            (
-                rd16(b, offs_at + 2 * i),
-                rd16(b, lens_at + 2 * i),
-                rd_bits(b, ppns_at + 4 * i, 0, 32) as u32,
-            )
-        };
+        let field = i64::from(ppn) - i64::from(list.ppn_min);
+        if field < 0 || field >= 1 << list.w_ppn {
+            return false;
+        }
         let joins_left = i > 0 && {
-            let (o, l, p) = run(i - 1);
-            o + l == off && p.wrapping_add(l) == ppn
+            let (l, p) = list.run(b, i - 1);
+            list.start(b, i - 1) + l == off && p.wrapping_add(l) == ppn
         };
-        let joins_right = i + 1 < n && {
-            let (o, _, p) = run(i + 1);
-            o == off + 1 && ppn.wrapping_add(1) == p
-        };
+        let joins_right = i + 1 < list.n
+            && list.start(b, i + 1) == off + 1
+            && ppn.wrapping_add(1) == list.run(b, i + 1).1;
         if joins_left || joins_right {
             return false;
         }
-        b[ppns_at + 4 * i..ppns_at + 4 * i + 4].copy_from_slice(&ppn.to_le_bytes());
+        let bit = i as u64 * u64::from(list.w_len + list.w_ppn) + u64::from(list.w_len);
+        wr_bits(b, list.runs_at(), bit, list.w_ppn, field as u64);
         return true;
     }
     let Ok(p) = place(b, off) else {
@@ -705,26 +708,79 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
 }
 
 fn runs_lookup(b: &[u8], off: u32) -> Lookup {
-    let n = (rd16(b, 0) & !RUNS_FLAG) as usize;
-    let lens_at = 2 + 2 * n;
-    match find_run(b, 2, n, off, |i| rd16(b, lens_at + 2 * i)) {
-        Ok((i, _, _)) => run_answer(b, n, i, off),
+    let list = RunList::read(b);
+    match find_run(b, RUNS_HEADER_BYTES, list.n, off, |i| list.run(b, i).0) {
+        Ok((i, _, _)) => run_answer(b, &list, i, off),
         Err(hole) => hole,
     }
 }
 
-/// The answer for offset `off` of run `i` of a run list of `n` runs.
+/// The answer for offset `off` of run `i` of a run list.
 #[inline]
-fn run_answer(b: &[u8], n: usize, i: usize, off: u32) -> Lookup {
-    let (start, len) = (rd16(b, 2 + 2 * i), rd16(b, 2 + 2 * n + 2 * i));
-    let ppn = rd_bits(b, 2 + 4 * n + 4 * i, 0, 32) as u32;
+fn run_answer(b: &[u8], list: &RunList, i: usize, off: u32) -> Lookup {
+    let start = list.start(b, i);
+    let (len, ppn) = list.run(b, i);
     Lookup {
         ppn: Some(ppn + (off - start)),
         lo: start,
         hi: start + len,
-        room: if len == 1 { (0, u32::MAX) } else { NO_ROOM },
+        room: if len == 1 {
+            room(i64::from(list.ppn_min), list.w_ppn)
+        } else {
+            NO_ROOM
+        },
         next: Finger::before_run(i + 1),
     }
+}
+
+/// The parsed header of a run list.
+#[derive(Clone, Copy)]
+struct RunList {
+    n: usize,
+    w_len: u32,
+    w_ppn: u32,
+    ppn_min: u32,
+}
+
+impl RunList {
+    #[inline]
+    fn read(b: &[u8]) -> Self {
+        let head = rd64(b, 0);
+        debug_assert!(head as u32 & RUNS_FLAG != 0);
+        Self {
+            n: (head as u32 & 0xffff & !RUNS_FLAG) as usize,
+            w_len: (head >> 16) as u32 & 0xff,
+            w_ppn: (head >> 24) as u32 & 0xff,
+            ppn_min: (head >> 32) as u32,
+        }
+    }
+    /// Where the bit-packed runs start.
+    #[inline]
+    fn runs_at(&self) -> usize {
+        RUNS_HEADER_BYTES + 2 * self.n
+    }
+    #[inline]
+    fn start(&self, b: &[u8], i: usize) -> u32 {
+        rd16(b, RUNS_HEADER_BYTES + 2 * i)
+    }
+    /// Run `i`'s length and first PPN.
+    #[inline]
+    fn run(&self, b: &[u8], i: usize) -> (u32, u32) {
+        let width = self.w_len + self.w_ppn;
+        let v = rd_bits(b, self.runs_at(), i as u64 * u64::from(width), width);
+        (
+            1 + (v & ((1 << self.w_len) - 1)) as u32,
+            self.ppn_min + (v >> self.w_len) as u32,
+        )
+    }
+    fn bytes(&self) -> usize {
+        run_list_bytes(self.n, self.w_len, self.w_ppn)
+    }
+}
+
+/// Bytes of a run list of `n` runs at these widths.
+fn run_list_bytes(n: usize, w_len: u32, w_ppn: u32) -> usize {
+    RUNS_HEADER_BYTES + 2 * n + (n as u64 * u64::from(w_len + w_ppn)).div_ceil(8) as usize
 }
 
 /// Bytes the blob at the start of `b` occupies (`b` keeps the `TAIL_PAD` bytes after it, as for
@@ -732,7 +788,7 @@ fn run_answer(b: &[u8], n: usize, i: usize, off: u32) -> Lookup {
 pub fn encoded_len(b: &[u8]) -> usize {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {
-        return 2 + 8 * (first & !RUNS_FLAG) as usize;
+        return RunList::read(b).bytes();
     }
     if first & WORDS_FLAG != 0 {
         return words::encoded_len(b);
@@ -891,12 +947,10 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
         return patches::decode_runs(b, out);
     }
     if first & RUNS_FLAG != 0 {
-        let n = (first & !RUNS_FLAG) as usize;
-        for i in 0..n {
-            let start = rd16(b, 2 + 2 * i);
-            let len = rd16(b, 2 + 2 * n + 2 * i);
-            let ppn = rd_bits(b, 2 + 4 * n + 4 * i, 0, 32) as u32;
-            push_run(out, start, len, ppn);
+        let list = RunList::read(b);
+        for i in 0..list.n {
+            let (len, ppn) = list.run(b, i);
+            push_run(out, list.start(b, i), len, ppn);
         }
         return;
     }
@@ -1018,7 +1072,9 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     let (runs_saved, pages) = s.outliers;
     let worth_trying = if encoding(&s.out) == Encoding::Words {
         let line_runs = runs.len().saturating_sub(runs_saved);
-        patches::FIXED_BYTES + 5 * pages + 2 + 8 * line_runs < s.out.len()
+        // (A run list of the line's runs at the widest fields bounds what the line takes.)
+        patches::FIXED_BYTES + 5 * pages + run_list_bytes(line_runs, super::GROUP_SHIFT, 32)
+            < s.out.len()
     } else {
         s.out.len() * runs_saved / runs.len() > patches::FIXED_BYTES + 5 * pages
     };
@@ -1055,18 +1111,24 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     s.best.reserve(runs.len());
     let mut live = 0u32;
     let mut previous_end = None;
-    for &(off, len, _) in runs {
+    let (mut len_max, mut ppn_min, mut ppn_max) = (0u16, u32::MAX, 0u32);
+    for &(off, len, ppn) in runs {
         if previous_end != Some(u32::from(off)) {
             s.starts.push(off);
             s.ranks.push(live as u16);
         }
         live += u32::from(len);
         previous_end = Some(u32::from(off) + u32::from(len));
+        len_max = len_max.max(len);
+        ppn_min = ppn_min.min(ppn);
+        ppn_max = ppn_max.max(ppn);
     }
     if live == 0 {
         return None;
     }
-    let runs_bytes = 2 + 8 * s.runs.len();
+    let w_len = u32::from(bits_for(u64::from(len_max) - 1));
+    let w_ppn = u32::from(bits_for(u64::from(ppn_max - ppn_min)));
+    let runs_bytes = run_list_bytes(s.runs.len(), w_len, w_ppn);
     let n_intervals = if live as usize == GROUP_LPNS {
         0
     } else {
@@ -1230,15 +1292,19 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     if runs_bytes <= best_bytes {
         let n = s.runs.len();
         out.extend_from_slice(&(RUNS_FLAG as u16 | n as u16).to_le_bytes());
+        out.extend_from_slice(&[w_len as u8, w_ppn as u8]);
+        out.extend_from_slice(&ppn_min.to_le_bytes());
         for r in &s.runs {
             out.extend_from_slice(&r.0.to_le_bytes());
         }
-        for r in &s.runs {
-            out.extend_from_slice(&r.1.to_le_bytes());
+        let mut w = BitWriter::new(out);
+        for &(_, len, ppn) in &s.runs {
+            w.put(
+                u64::from(len - 1) | u64::from(ppn - ppn_min) << w_len,
+                w_len + w_ppn,
+            );
         }
-        for r in &s.runs {
-            out.extend_from_slice(&r.2.to_le_bytes());
-        }
+        w.finish();
         debug_assert_eq!(out.len(), runs_bytes);
         return Some(());
     }
@@ -1385,8 +1451,8 @@ pub fn live(b: &[u8]) -> u32 {
     if first & RUNS_FLAG == 0 {
         return first;
     }
-    let n = (first & !RUNS_FLAG) as usize;
-    (0..n).map(|i| rd16(b, 2 + 2 * n + 2 * i)).sum()
+    let list = RunList::read(b);
+    (0..list.n).map(|i| list.run(b, i).0).sum()
 }
 
 /// Checks that every lookup and the decoded runs of `blob` (padded) agree with `dense` (one PPN
@@ -1713,5 +1779,54 @@ mod tests {
         roundtrip(&short_runs);
         let descending: Vec<u32> = (0..g as u32).map(|i| 1_000_000 - 7 * i).collect();
         assert!(roundtrip(&descending) < 48);
+    }
+
+    #[test]
+    fn scattered_pages_take_a_packed_run_list() {
+        // What random writes leave on a fresh large drive: a few dozen single pages a group,
+        // PPNs spread over 2^20 pages. Each costs its offset (2 bytes) and 20 bits of PPN, where
+        // a segment blob's intervals alone took 4 bytes.
+        let mut rng = crate::rng::SplitMix64::new(17);
+        for pages in [1usize, 2, 9, 60, 200] {
+            let mut dense = vec![UNMAPPED; GROUP_LPNS];
+            for _ in 0..pages {
+                // Apart, so that no two join into a run of two.
+                let off = 2 * rng.bounded(GROUP_LPNS as u64 / 2) as usize;
+                dense[off] = rng.bounded(1 << 20) as u32;
+            }
+            let live = dense.iter().filter(|&&p| p != UNMAPPED).count();
+            let mut s = Scratch::default();
+            let blob = encode(&dense, &mut s).expect("mapped").to_vec();
+            assert_eq!(encoding(&blob), Encoding::Runs, "{pages} pages");
+            assert!(
+                blob.len() <= RUNS_HEADER_BYTES + live * 2 + (live * 20).div_ceil(8),
+                "{pages} pages: {} bytes",
+                blob.len()
+            );
+            check_encodings(&dense, &[]);
+            // A page rewritten within the packed width goes in place; one above it cannot.
+            let mut padded = blob.clone();
+            padded.extend_from_slice(&[0; TAIL_PAD]);
+            let (off, old) = dense
+                .iter()
+                .enumerate()
+                .find(|&(_, &p)| p != UNMAPPED)
+                .map(|(o, &p)| (o as u32, p))
+                .expect("mapped");
+            let list = RunList::read(&padded);
+            let above = list.ppn_min + (1 << list.w_ppn);
+            assert!(!update_in_place(&mut padded, off, above));
+            assert_eq!(&padded[..blob.len()], &blob[..]);
+            if list.w_ppn > 0 {
+                let within = if old == list.ppn_min {
+                    old + 1
+                } else {
+                    list.ppn_min
+                };
+                assert!(update_in_place(&mut padded, off, within));
+                dense[off as usize] = within;
+                check_blob(&padded, &dense);
+            }
+        }
     }
 }
