@@ -627,7 +627,8 @@ pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
 /// Changes mapped offset `off` to `ppn` inside the blob, when the blob can hold the new value in
 /// the bits the old one took: a residual of a packed segment that stays within its width, the
 /// base of a one-point segment that stays within the base field, or the PPN of a one-page run
-/// in a run list. False (the blob untouched) otherwise, and also when
+/// in a run list that stays within the list's PPN field. False (the blob untouched) otherwise,
+/// and also when
 /// the new PPN would continue a neighbour's: a merge then re-encodes the group, so that a group
 /// that turns sequential shrinks instead of keeping its random layout.
 pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
