@@ -142,8 +142,8 @@ const MIN_RUNS_GROWTH: usize = 8;
 const BOUND_LPNS_PER_GROUP: u64 = 64;
 const MIN_BUFFER_GROUPS: u64 = 64;
 /// A group whose blob takes at least this many bytes is buffered outside that bound: its
-/// buffer's fixed cost (at most about 600 bytes) is then at most about its own blob's size, so the
-/// buffer stays within a small multiple of the table. Without it, uniformly random writes to a
+/// buffer's fixed cost (at most about 600 bytes) is then at most about 1.6 times its own blob's
+/// size, so the buffer stays within a small multiple of the table. Without it, uniformly random writes to a
 /// fresh drive (768 groups, soon of a hundred or more random PPNs each, against a bound of 64
 /// groups and more) merged a group of one or two LPNs at about every third write, 0.2 M
 /// simulated writes a wall second; sparse devices, whose groups hold a few LPNs each, keep the
