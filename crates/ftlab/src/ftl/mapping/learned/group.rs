@@ -32,6 +32,11 @@
 //!     runs, bit-packed, n_runs x (len - 1 at w_len bits, then first PPN - ppn_min at w_ppn)
 //! ```
 //!
+//! or, with `ELIAS_FANO_FLAG` in the `w_len` byte (at most `elias_fano::MAX_RUNS` runs, where
+//! that is an eighth smaller than every other encoding), the offsets as an Elias-Fano list: one
+//! bit stream from byte 8, the unary high parts (`elias_fano.rs`), then each run's record with
+//! its offset's `l` low bits first (`l` + `w_len` + `w_ppn` bits).
+//!
 //! Every field is read with one unaligned u64 load, so the caller keeps `TAIL_PAD` readable
 //! bytes after a blob (the arena pads its end once, not every blob).
 //!
@@ -40,6 +45,7 @@
 //! a run of consecutive PPNs costs one segment (2 bytes plus a few bits of base); scattered
 //! PPNs cost about log2(their spread) bits each.
 
+use super::elias_fano;
 use super::fit::{self, bits_for, predict, Segment};
 use super::patches::{self, PATCH_FLAG};
 use super::words::{self, WORDS_FLAG};
@@ -231,8 +237,8 @@ pub(super) fn last_le(b: &[u8], at: usize, n: usize, key: u32, span: u32) -> Opt
 const INTERPOLATE_ABOVE: usize = 128;
 
 /// The run holding `off` among `n` runs whose starts are sorted u16s at `at` and whose lengths
-/// `len_of` gives: `Ok((index, start, len))`, or `Err` with the hole around `off` (both blob
-/// layouts keep their mapped offsets this way).
+/// `len_of` gives: `Ok((index, start, len))`, or `Err` with the hole around `off` (segment blobs
+/// and run lists with u16 offsets keep their mapped offsets this way).
 #[inline]
 fn find_run(
     b: &[u8],
@@ -408,18 +414,27 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let list = RunList::read(b);
-        match run_reached(b, RUNS_HEADER_BYTES, list.n, off, at) {
-            // A run list's spans are whole runs: following on lands on a run's start.
-            Ok(start) => debug_assert_eq!(off, start),
-            Err(hole) => return hole,
+        if i == list.n {
+            return run_reached(GROUP_LPNS as u32, off, at).expect_err("offsets are in the group");
         }
-        return run_answer(b, &list, i, off);
+        let (start, len, ppn) = list.entry(b, i);
+        if let Err(hole) = run_reached(start, off, at) {
+            return hole;
+        }
+        // A run list's spans are whole runs: following on lands on a run's start.
+        debug_assert_eq!(off, start);
+        return run_answer(&list, i, (start, len, ppn), off);
     }
     let h = Header::read(b);
     let (start, len) = if h.n_intervals == 0 {
         (0, GROUP_LPNS as u32)
     } else {
-        match run_reached(b, HEADER_BYTES, h.n_intervals, off, at) {
+        let start = if i < h.n_intervals {
+            rd16(b, HEADER_BYTES + 2 * i)
+        } else {
+            GROUP_LPNS as u32
+        };
+        match run_reached(start, off, at) {
             Ok(start) => (start, interval_rank(b, &h, i + 1) - interval_rank(b, &h, i)),
             Err(hole) => return hole,
         }
@@ -437,17 +452,10 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
     segment_answer::<ROOM>(b, &h, i, (start, len), off, rank, j)
 }
 
-/// Following on at `off` (`at` from the span before): the start of run `at.run` (the `n` run
-/// starts are u16s at `starts_at`; past the last, the group's end) when `off` has reached it,
-/// or the hole from `off` up to it.
+/// Following on at `off` (`at` from the span before): `start`, the start of run `at.run` (past
+/// the last, the group's end), when `off` has reached it, or the hole from `off` up to it.
 #[inline]
-fn run_reached(b: &[u8], starts_at: usize, n: usize, off: u32, at: Finger) -> Result<u32, Lookup> {
-    let i = usize::from(at.run);
-    let start = if i < n {
-        rd16(b, starts_at + 2 * i)
-    } else {
-        GROUP_LPNS as u32
-    };
+fn run_reached(start: u32, off: u32, at: Finger) -> Result<u32, Lookup> {
     if off < start {
         return Err(Lookup {
             ppn: None,
@@ -640,8 +648,7 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
         let list = RunList::read(b);
-        let Ok((i, _, 1)) = find_run(b, RUNS_HEADER_BYTES, list.n, off, |i| list.run(b, i).0)
-        else {
+        let Ok((i, (_, 1, _))) = list.find(b, off) else {
             return false;
         };
         let field = i64::from(ppn) - i64::from(list.ppn_min);
@@ -649,17 +656,18 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
             return false;
         }
         let joins_left = i > 0 && {
-            let (l, p) = list.run(b, i - 1);
-            list.start(b, i - 1) + l == off && p.wrapping_add(l) == ppn
+            let (s, l, p) = list.entry(b, i - 1);
+            s + l == off && p.wrapping_add(l) == ppn
         };
-        let joins_right = i + 1 < list.n
-            && list.start(b, i + 1) == off + 1
-            && ppn.wrapping_add(1) == list.run(b, i + 1).1;
+        let joins_right = i + 1 < list.n && {
+            let (s, _, p) = list.entry(b, i + 1);
+            s == off + 1 && ppn.wrapping_add(1) == p
+        };
         if joins_left || joins_right {
             return false;
         }
-        let bit = i as u64 * u64::from(list.w_len + list.w_ppn) + u64::from(list.w_len);
-        wr_bits(b, list.runs_at(), bit, list.w_ppn, field as u64);
+        let bit = list.record_bit(i) + u64::from(list.w_low + list.w_len);
+        wr_bits(b, RUNS_HEADER_BYTES, bit, list.w_ppn, field as u64);
         return true;
     }
     let Ok(p) = place(b, off) else {
@@ -710,17 +718,15 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
 
 fn runs_lookup(b: &[u8], off: u32) -> Lookup {
     let list = RunList::read(b);
-    match find_run(b, RUNS_HEADER_BYTES, list.n, off, |i| list.run(b, i).0) {
-        Ok((i, _, _)) => run_answer(b, &list, i, off),
+    match list.find(b, off) {
+        Ok((i, run)) => run_answer(&list, i, run, off),
         Err(hole) => hole,
     }
 }
 
-/// The answer for offset `off` of run `i` of a run list.
+/// The answer for offset `off` of run `i` of a run list, `(start, len, ppn)`.
 #[inline]
-fn run_answer(b: &[u8], list: &RunList, i: usize, off: u32) -> Lookup {
-    let start = list.start(b, i);
-    let (len, ppn) = list.run(b, i);
+fn run_answer(list: &RunList, i: usize, (start, len, ppn): (u32, u32, u32), off: u32) -> Lookup {
     Lookup {
         ppn: Some(ppn + (off - start)),
         lo: start,
@@ -741,6 +747,12 @@ struct RunList {
     w_len: u32,
     w_ppn: u32,
     ppn_min: u32,
+    /// Each offset's low bits in its record: an Elias-Fano list's (`elias_fano.rs`), or 0 where
+    /// the offsets are u16s (more than `elias_fano::MAX_RUNS` runs).
+    w_low: u32,
+    /// The first record's bit, counted from the end of the header: past the unary part of an
+    /// Elias-Fano list, or past the u16 offsets.
+    records_bit: u64,
 }
 
 impl RunList {
@@ -748,40 +760,197 @@ impl RunList {
     fn read(b: &[u8]) -> Self {
         let head = rd64(b, 0);
         debug_assert!(head as u32 & RUNS_FLAG != 0);
+        let n = (head as u32 & 0xffff & !RUNS_FLAG) as usize;
+        let (w_low, records_bit) = if head >> 16 & ELIAS_FANO_FLAG != 0 {
+            (
+                elias_fano::low_bits(n),
+                u64::from(elias_fano::upper_bits(n)),
+            )
+        } else {
+            (0, 16 * n as u64)
+        };
         Self {
-            n: (head as u32 & 0xffff & !RUNS_FLAG) as usize,
-            w_len: (head >> 16) as u32 & 0xff,
+            n,
+            w_len: (head >> 16) as u32 & 0xff & !(ELIAS_FANO_FLAG as u32),
             w_ppn: (head >> 24) as u32 & 0xff,
             ppn_min: (head >> 32) as u32,
+            w_low,
+            records_bit,
         }
     }
-    /// Where the bit-packed runs start.
+    /// Where record `i` starts, in bits from the end of the header.
     #[inline]
-    fn runs_at(&self) -> usize {
-        RUNS_HEADER_BYTES + 2 * self.n
+    fn record_bit(&self, i: usize) -> u64 {
+        self.records_bit + i as u64 * u64::from(self.w_low + self.w_len + self.w_ppn)
     }
+    /// Run `i`'s record: its offset's low bits (Elias-Fano lists), length and first PPN.
     #[inline]
-    fn start(&self, b: &[u8], i: usize) -> u32 {
-        rd16(b, RUNS_HEADER_BYTES + 2 * i)
-    }
-    /// Run `i`'s length and first PPN.
-    #[inline]
-    fn run(&self, b: &[u8], i: usize) -> (u32, u32) {
-        let width = self.w_len + self.w_ppn;
-        let v = rd_bits(b, self.runs_at(), i as u64 * u64::from(width), width);
+    fn record(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
+        let width = self.w_low + self.w_len + self.w_ppn;
+        let v = rd_bits(b, RUNS_HEADER_BYTES, self.record_bit(i), width);
         (
-            1 + (v & ((1 << self.w_len) - 1)) as u32,
-            self.ppn_min + (v >> self.w_len) as u32,
+            (v & ((1 << self.w_low) - 1)) as u32,
+            1 + (v >> self.w_low & ((1 << self.w_len) - 1)) as u32,
+            self.ppn_min + (v >> (self.w_low + self.w_len)) as u32,
         )
     }
+    #[inline]
+    fn upper(&self, b: &[u8]) -> elias_fano::Upper {
+        elias_fano::Upper::read(b, RUNS_HEADER_BYTES, self.n)
+    }
+    /// Run `i`'s start, length and first PPN.
+    #[inline]
+    fn entry(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
+        let (low, len, ppn) = self.record(b, i);
+        let start = if self.w_low > 0 {
+            self.upper(b).value(self.n, i, low)
+        } else {
+            rd16(b, RUNS_HEADER_BYTES + 2 * i)
+        };
+        (start, len, ppn)
+    }
+    /// The run holding `off`: its index and `(start, len, ppn)`, or `Err` with the hole around
+    /// `off`.
+    #[inline]
+    fn find(&self, b: &[u8], off: u32) -> Result<(usize, (u32, u32, u32)), Lookup> {
+        if self.w_low == 0 {
+            let (i, start, len) =
+                find_run(b, RUNS_HEADER_BYTES, self.n, off, |i| self.record(b, i).1)?;
+            return Ok((i, (start, len, self.record(b, i).2)));
+        }
+        self.find_elias_fano(b, off)
+    }
+    /// `find` in a list with Elias-Fano offsets. Out of line: few groups take them (scattered
+    /// pages), and the lookups of the others keep the code they inlined before.
+    #[inline(never)]
+    fn find_elias_fano(&self, b: &[u8], off: u32) -> Result<(usize, (u32, u32, u32)), Lookup> {
+        let upper = self.upper(b);
+        let (found, bucket) = upper.last_le(self.n, off, |i| self.record(b, i).0);
+        let Some((i, start)) = found else {
+            return Err(Lookup {
+                ppn: None,
+                lo: 0,
+                hi: upper.value_after(self.n, bucket, 0, self.record(b, 0).0),
+                room: NO_ROOM,
+                next: Finger::before_run(0),
+            });
+        };
+        let (_, len, ppn) = self.record(b, i);
+        if off - start >= len {
+            let hi = if i + 1 < self.n {
+                upper.value_after(self.n, bucket, i + 1, self.record(b, i + 1).0)
+            } else {
+                GROUP_LPNS as u32
+            };
+            return Err(Lookup {
+                ppn: None,
+                lo: start + len,
+                hi,
+                room: NO_ROOM,
+                next: Finger::before_run(i + 1),
+            });
+        }
+        Ok((i, (start, len, ppn)))
+    }
+    /// Every run's start, length and first PPN, in order.
+    fn for_each(&self, b: &[u8], mut f: impl FnMut(u32, u32, u32)) {
+        if self.w_low == 0 {
+            for i in 0..self.n {
+                let (start, len, ppn) = self.entry(b, i);
+                f(start, len, ppn);
+            }
+            return;
+        }
+        for (i, high) in self.upper(b).highs().enumerate() {
+            let (low, len, ppn) = self.record(b, i);
+            f(high << self.w_low | low, len, ppn);
+        }
+    }
     fn bytes(&self) -> usize {
-        run_list_bytes(self.n, self.w_len, self.w_ppn)
+        RUNS_HEADER_BYTES + self.record_bit(self.n).div_ceil(8) as usize
     }
 }
 
-/// Bytes of a run list of `n` runs at these widths.
-fn run_list_bytes(n: usize, w_len: u32, w_ppn: u32) -> usize {
-    RUNS_HEADER_BYTES + 2 * n + (n as u64 * u64::from(w_len + w_ppn)).div_ceil(8) as usize
+/// In a run list's `w_len` byte: its offsets are an Elias-Fano list (`w_len` is at most 12).
+const ELIAS_FANO_FLAG: u64 = 0x80;
+
+/// A group takes a run list with Elias-Fano offsets only where that is at least this fraction
+/// (numerator, denominator) smaller than every other encoding of it: a lookup there selects in
+/// up to four words, where a u16 list takes a halving search and a segment blob two, and costs
+/// about 1.4x as much (random lookups on rocksdb's groups, `examples/mapprof`). Scattered single
+/// pages save about a fifth, groups of a few long runs a few bytes (docs/mapping-log.md,
+/// "Elias-Fano offsets").
+const ELIAS_FANO_MIN_SAVING: (usize, usize) = (1, 8);
+
+/// Bytes of a run list of `n` runs at these widths with u16 offsets, and with Elias-Fano offsets
+/// where the list is short enough for them.
+fn run_list_bytes(n: usize, w_len: u32, w_ppn: u32) -> (usize, Option<usize>) {
+    let plain = RUNS_HEADER_BYTES + (n as u64 * u64::from(16 + w_len + w_ppn)).div_ceil(8) as usize;
+    if !(1..=elias_fano::MAX_RUNS).contains(&n) {
+        return (plain, None);
+    }
+    let bits = u64::from(elias_fano::upper_bits(n))
+        + n as u64 * u64::from(elias_fano::low_bits(n) + w_len + w_ppn);
+    (plain, Some(RUNS_HEADER_BYTES + bits.div_ceil(8) as usize))
+}
+
+/// The fields' widths of a run list of `runs`: `(w_len, w_ppn, ppn_min)`.
+fn run_list_widths(runs: &[GroupRun]) -> (u32, u32, u32) {
+    let len_max = runs.iter().map(|r| r.1).max().unwrap_or(1);
+    let ppn_min = runs.iter().map(|r| r.2).min().unwrap_or(0);
+    let ppn_max = runs.iter().map(|r| r.2).max().unwrap_or(0);
+    (
+        u32::from(bits_for(u64::from(len_max) - 1)),
+        u32::from(bits_for(u64::from(ppn_max - ppn_min))),
+        ppn_min,
+    )
+}
+
+/// Appends the run list of `runs` (a group's, in offset order) at these widths (as
+/// `run_list_widths` gives them) to `out`, its offsets as an Elias-Fano list when `elias_fano`
+/// (at most `elias_fano::MAX_RUNS` runs).
+fn write_run_list(
+    runs: &[GroupRun],
+    (w_len, w_ppn, ppn_min): (u32, u32, u32),
+    elias_fano: bool,
+    out: &mut Vec<u8>,
+) {
+    let n = runs.len();
+    debug_assert!(!elias_fano || (1..=elias_fano::MAX_RUNS).contains(&n));
+    debug_assert_eq!(run_list_widths(runs), (w_len, w_ppn, ppn_min));
+    out.extend_from_slice(&(RUNS_FLAG as u16 | n as u16).to_le_bytes());
+    let flag = if elias_fano { ELIAS_FANO_FLAG as u8 } else { 0 };
+    out.extend_from_slice(&[w_len as u8 | flag, w_ppn as u8]);
+    out.extend_from_slice(&ppn_min.to_le_bytes());
+    let w_low = if elias_fano {
+        elias_fano::low_bits(n)
+    } else {
+        for r in runs {
+            out.extend_from_slice(&r.0.to_le_bytes());
+        }
+        0
+    };
+    let mut w = BitWriter::new(out);
+    if elias_fano {
+        let upper = elias_fano::upper_words(runs.iter().map(|r| r.0));
+        let mut left = elias_fano::upper_bits(n);
+        for word in upper {
+            for half in [word as u32, (word >> 32) as u32] {
+                let width = left.min(32);
+                w.put(u64::from(half) & ((1 << width) - 1), width);
+                left -= width;
+            }
+        }
+    }
+    for &(off, len, ppn) in runs {
+        w.put(
+            u64::from(off) & ((1 << w_low) - 1)
+                | u64::from(len - 1) << w_low
+                | u64::from(ppn - ppn_min) << (w_low + w_len),
+            w_low + w_len + w_ppn,
+        );
+    }
+    w.finish();
 }
 
 /// Bytes the blob at the start of `b` occupies (`b` keeps the `TAIL_PAD` bytes after it, as for
@@ -948,11 +1117,7 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
         return patches::decode_runs(b, out);
     }
     if first & RUNS_FLAG != 0 {
-        let list = RunList::read(b);
-        for i in 0..list.n {
-            let (len, ppn) = list.run(b, i);
-            push_run(out, list.start(b, i), len, ppn);
-        }
+        RunList::read(b).for_each(b, |start, len, ppn| push_run(out, start, len, ppn));
         return;
     }
     let h = Header::read(b);
@@ -1074,7 +1239,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     let worth_trying = if encoding(&s.out) == Encoding::Words {
         let line_runs = runs.len().saturating_sub(runs_saved);
         // (A run list of the line's runs at the widest fields bounds what the line takes.)
-        patches::FIXED_BYTES + 5 * pages + run_list_bytes(line_runs, super::GROUP_SHIFT, 32)
+        patches::FIXED_BYTES + 5 * pages + run_list_bytes(line_runs, super::GROUP_SHIFT, 32).0
             < s.out.len()
     } else {
         s.out.len() * runs_saved / runs.len() > patches::FIXED_BYTES + 5 * pages
@@ -1129,7 +1294,9 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     }
     let w_len = u32::from(bits_for(u64::from(len_max) - 1));
     let w_ppn = u32::from(bits_for(u64::from(ppn_max - ppn_min)));
-    let runs_bytes = run_list_bytes(s.runs.len(), w_len, w_ppn);
+    let (plain_runs_bytes, elias_fano_bytes) = run_list_bytes(s.runs.len(), w_len, w_ppn);
+    // The smaller run list, for the bounds on the other encodings below.
+    let runs_bytes = elias_fano_bytes.map_or(plain_runs_bytes, |b| b.min(plain_runs_bytes));
     let n_intervals = if live as usize == GROUP_LPNS {
         0
     } else {
@@ -1290,23 +1457,20 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     out.clear();
     // The smaller encoding is taken, so the run list's size bounds it.
     out.reserve(runs_bytes.min(best_bytes) + TAIL_PAD);
-    if runs_bytes <= best_bytes {
-        let n = s.runs.len();
-        out.extend_from_slice(&(RUNS_FLAG as u16 | n as u16).to_le_bytes());
-        out.extend_from_slice(&[w_len as u8, w_ppn as u8]);
-        out.extend_from_slice(&ppn_min.to_le_bytes());
-        for r in &s.runs {
-            out.extend_from_slice(&r.0.to_le_bytes());
-        }
-        let mut w = BitWriter::new(out);
-        for &(_, len, ppn) in &s.runs {
-            w.put(
-                u64::from(len - 1) | u64::from(ppn - ppn_min) << w_len,
-                w_len + w_ppn,
-            );
-        }
-        w.finish();
-        debug_assert_eq!(out.len(), runs_bytes);
+    let others = plain_runs_bytes.min(best_bytes);
+    let (num, den) = ELIAS_FANO_MIN_SAVING;
+    let elias_fano =
+        elias_fano_bytes.is_some_and(|b| b < others && (others - b) * den >= others * num);
+    if elias_fano || plain_runs_bytes <= best_bytes {
+        write_run_list(&s.runs, (w_len, w_ppn, ppn_min), elias_fano, out);
+        debug_assert_eq!(
+            out.len(),
+            if elias_fano {
+                runs_bytes
+            } else {
+                plain_runs_bytes
+            }
+        );
         return Some(());
     }
     let l = layout(n_intervals, &s.best);
@@ -1453,7 +1617,7 @@ pub fn live(b: &[u8]) -> u32 {
         return first;
     }
     let list = RunList::read(b);
-    (0..list.n).map(|i| list.run(b, i).0).sum()
+    (0..list.n).map(|i| list.record(b, i).1).sum()
 }
 
 /// Checks that every lookup and the decoded runs of `blob` (padded) agree with `dense` (one PPN
@@ -1547,6 +1711,33 @@ pub fn encode_words(dense: &[u32]) -> Vec<u8> {
     blob
 }
 
+/// `dense` as a run list, with Elias-Fano offsets or u16s, whatever `encode_runs` would choose,
+/// padded; None when it maps nothing, or when it has too many runs for Elias-Fano offsets. For
+/// the tests and the fuzz target.
+#[doc(hidden)]
+pub fn encode_run_list(dense: &[u32], elias_fano: bool) -> Option<Vec<u8>> {
+    let mut runs = Vec::new();
+    dense_runs(dense, &mut runs);
+    if runs.is_empty() || (elias_fano && runs.len() > elias_fano::MAX_RUNS) {
+        return None;
+    }
+    let mut blob = Vec::new();
+    let widths = run_list_widths(&runs);
+    write_run_list(&runs, widths, elias_fano, &mut blob);
+    let (plain, packed) = run_list_bytes(runs.len(), widths.0, widths.1);
+    assert_eq!(
+        blob.len(),
+        if elias_fano {
+            packed.expect("short")
+        } else {
+            plain
+        }
+    );
+    blob.extend_from_slice(&[0xA5; TAIL_PAD]);
+    assert_eq!(encoded_len(&blob), blob.len() - TAIL_PAD);
+    Some(blob)
+}
+
 /// `dense` with its outliers listed apart (`patches.rs`), whatever `encode_runs` would choose,
 /// padded; None when it has none. For the tests and the fuzz target.
 #[doc(hidden)]
@@ -1568,8 +1759,9 @@ pub fn encode_patched(dense: &[u32]) -> Option<Vec<u8>> {
     Some(blob)
 }
 
-/// Checks the encoding `encode` chooses for `dense`, its bitmap words and, where it has
-/// outliers, its patched form (`check_blob`), then tries each of `updates` (offset, PPN) in
+/// Checks the encoding `encode` chooses for `dense`, its bitmap words, its run lists (u16 and,
+/// where it has few enough runs, Elias-Fano offsets) and, where it has outliers, its patched form
+/// (`check_blob`), then tries each of `updates` (offset, PPN) in
 /// place in each: a blob that takes one must read it back with its length unchanged, one that
 /// refuses must stay as it was. For the tests and the fuzz target `group_encodings`.
 #[doc(hidden)]
@@ -1588,6 +1780,8 @@ pub fn check_encodings(dense: &[u32], updates: &[(u32, u32)]) {
         Some(chosen),
         Some(encode_words(dense)),
         encode_patched(dense),
+        encode_run_list(dense, false),
+        encode_run_list(dense, true),
     ];
     for mut blob in forms.into_iter().flatten() {
         let mut dense = dense.to_vec();
@@ -1785,8 +1979,9 @@ mod tests {
     #[test]
     fn scattered_pages_take_a_packed_run_list() {
         // What random writes leave on a fresh large drive: a few dozen single pages a group,
-        // PPNs spread over 2^20 pages. Each costs its offset (2 bytes) and 20 bits of PPN, where
-        // a segment blob's intervals alone took 4 bytes.
+        // PPNs spread over 2^20 pages. Each costs its offset (2 bytes, or about log2(4096 / n) + 2
+        // bits in an Elias-Fano list of n) and 20 bits of PPN, where a segment blob's intervals
+        // alone took 4 bytes.
         let mut rng = crate::rng::SplitMix64::new(17);
         for pages in [1usize, 2, 9, 60, 200] {
             let mut dense = vec![UNMAPPED; GROUP_LPNS];
@@ -1804,6 +1999,16 @@ mod tests {
                 "{pages} pages: {} bytes",
                 blob.len()
             );
+            // From about 16 pages at these PPNs, Elias-Fano offsets save an eighth of the list.
+            if (16..=elias_fano::MAX_RUNS).contains(&live) {
+                let l = elias_fano::low_bits(live) as usize;
+                let unary = live + (GROUP_LPNS >> l);
+                assert!(
+                    blob.len() <= RUNS_HEADER_BYTES + (unary + live * (l + 20)).div_ceil(8),
+                    "{pages} pages: {} bytes",
+                    blob.len()
+                );
+            }
             check_encodings(&dense, &[]);
             // A page rewritten within the packed width goes in place; one above it cannot.
             let mut padded = blob.clone();
@@ -1815,6 +2020,11 @@ mod tests {
                 .map(|(o, &p)| (o as u32, p))
                 .expect("mapped");
             let list = RunList::read(&padded);
+            assert_eq!(
+                list.w_low > 0,
+                (16..=elias_fano::MAX_RUNS).contains(&live),
+                "{pages} pages"
+            );
             let above = list.ppn_min + (1 << list.w_ppn);
             assert!(!update_in_place(&mut padded, off, above));
             assert_eq!(&padded[..blob.len()], &blob[..]);
@@ -1829,5 +2039,25 @@ mod tests {
                 check_blob(&padded, &dense);
             }
         }
+    }
+
+    #[test]
+    fn a_few_long_runs_keep_u16_offsets() {
+        // Eight runs of 100 pages: Elias-Fano offsets would save 5 of the list's 51 bytes (its
+        // records are most of it), under the eighth that pays for their slower lookups.
+        let mut rng = crate::rng::SplitMix64::new(3);
+        let mut dense = vec![UNMAPPED; GROUP_LPNS];
+        for r in 0..8 {
+            let ppn = rng.bounded(1 << 20) as u32;
+            for k in 0..100 {
+                dense[r * 500 + k] = ppn + k as u32;
+            }
+        }
+        let mut s = Scratch::default();
+        let mut blob = encode(&dense, &mut s).expect("mapped").to_vec();
+        assert_eq!((encoding(&blob), blob.len()), (Encoding::Runs, 51));
+        blob.extend_from_slice(&[0; TAIL_PAD]);
+        assert_eq!(RunList::read(&blob).w_low, 0);
+        check_encodings(&dense, &[]);
     }
 }

@@ -348,6 +348,12 @@ mod tests {
             // Without patches: the same encoder on the runs as they are.
             let mut plain = Scratch::default();
             group::encode_plain(&runs, &mut plain);
+            if encoding(&chosen) == Encoding::Runs {
+                // A few pages off a line of 7 runs: the plain run list of a dozen runs (about
+                // 6 bytes each with Elias-Fano offsets) is smaller than a patched blob.
+                assert!(k <= 3 && len == plain.out.len(), "k {k}: {len} bytes");
+                continue;
+            }
             assert_eq!(encoding(&chosen), Encoding::Patched, "k {k}");
             assert!(len < plain.out.len(), "k {k}: {len} >= {}", plain.out.len());
             // Each outlier: its offset and its PPN's bits above the smallest (23 bits here at

@@ -454,7 +454,7 @@ mod tests {
         for c in 0..chunks {
             for j in 0..3 {
                 let g = (c * CHUNK_GROUPS + j * 300) as u32;
-                let b = blob(g, 20);
+                let b = blob(g, 30);
                 s.set(g, Some(&b));
                 oracle.insert(g, b);
             }
