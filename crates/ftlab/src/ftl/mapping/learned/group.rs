@@ -801,13 +801,17 @@ impl RunList {
     /// Run `i`'s start, length and first PPN.
     #[inline]
     fn entry(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
+        if self.w_low > 0 {
+            return self.entry_elias_fano(b, i);
+        }
+        let (_, len, ppn) = self.record(b, i);
+        (rd16(b, RUNS_HEADER_BYTES + 2 * i), len, ppn)
+    }
+    /// `entry` in a list with Elias-Fano offsets. Out of line, as `find_elias_fano` is.
+    #[inline(never)]
+    fn entry_elias_fano(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
         let (low, len, ppn) = self.record(b, i);
-        let start = if self.w_low > 0 {
-            self.upper(b).value(self.n, i, low)
-        } else {
-            rd16(b, RUNS_HEADER_BYTES + 2 * i)
-        };
-        (start, len, ppn)
+        (self.upper(b).value(self.n, i, low), len, ppn)
     }
     /// The run holding `off`: its index and `(start, len, ppn)`, or `Err` with the hole around
     /// `off`.
