@@ -143,15 +143,16 @@ const MIN_RUNS_GROWTH: usize = 8;
 const BOUND_LPNS_PER_GROUP: u64 = 64;
 const MIN_BUFFER_GROUPS: u64 = 64;
 /// A group whose blob takes at least this many bytes is buffered outside that bound: its
-/// buffer's fixed cost (at most about 600 bytes) is then at most about 1.6 times its own blob's
+/// buffer's fixed cost (at most about 600 bytes) is then at most about twice its own blob's
 /// size, so the buffer stays within a small multiple of the table. Without it, uniformly random
 /// writes to a fresh drive (768 groups, soon of a hundred or more random PPNs each, against a
 /// bound of 64 groups and more) merged a group of one or two LPNs at about every third write,
 /// 0.2 M simulated writes a wall second; sparse devices, whose groups hold a few LPNs each, keep
 /// the bound as it was (docs/mapping-log.md, "Random writes to a fresh drive"). 512 until run lists
-/// were packed, which made such groups' blobs about a third smaller: 384 keeps about the same
-/// groups out of the bound (docs/mapping-log.md, "Packed run lists").
-const UNBOUNDED_BLOB_BYTES: usize = 384;
+/// were packed, which made such groups' blobs about a third smaller, then 384 until their offsets
+/// took Elias-Fano lists, a quarter smaller again: 288 keeps about the same groups out of the
+/// bound (docs/mapping-log.md, "Packed run lists" and "Elias-Fano offsets").
+const UNBOUNDED_BLOB_BYTES: usize = 288;
 
 /// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
 /// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
