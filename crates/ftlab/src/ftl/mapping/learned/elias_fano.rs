@@ -10,9 +10,9 @@
 //!
 //! Lists are kept short so that the unary part fits in `WORDS` u64s, read whole, and a lookup
 //! selects in at most that many words with no index. Longer lists keep u16 offsets
-//! (`group::RunList`); their groups are rarely run lists at all. A lookup here costs about 1.4x
-//! one in u16 offsets, so a group takes this form only where it is an eighth smaller than any
-//! other (`group::ELIAS_FANO_MIN_SAVING`).
+//! (`group::RunList`); their groups are rarely run lists at all. A lookup here does more than a
+//! search of u16 offsets or of a segment blob, so a group takes this form only where it is an
+//! eighth smaller than any other (`group::ELIAS_FANO_MIN_SAVING`).
 
 use super::GROUP_SHIFT;
 

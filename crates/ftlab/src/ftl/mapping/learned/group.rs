@@ -880,10 +880,10 @@ const ELIAS_FANO_FLAG: u64 = 0x80;
 
 /// A group takes a run list with Elias-Fano offsets only where that is at least this fraction
 /// (numerator, denominator) smaller than every other encoding of it: a lookup there selects in
-/// up to four words, where a u16 list takes a halving search and a segment blob two, and costs
-/// about 1.4x as much (random lookups on rocksdb's groups, `examples/mapprof`). Scattered single
-/// pages save about a fifth, groups of a few long runs a few bytes (docs/mapping-log.md,
-/// "Elias-Fano offsets").
+/// up to four words, where a u16 list takes a halving search and a segment blob two. With every
+/// short list in this form, most of rocksdb's groups left their segment blobs for it, and its
+/// random lookups took 1.4x as long (`examples/mapprof`). Scattered single pages save about a
+/// fifth, groups of a few long runs a few bytes (docs/mapping-log.md, "Elias-Fano offsets").
 const ELIAS_FANO_MIN_SAVING: (usize, usize) = (1, 8);
 
 /// Bytes of a run list of `n` runs at these widths with u16 offsets, and with Elias-Fano offsets
@@ -1110,19 +1110,22 @@ pub fn push_run(runs: &mut Vec<GroupRun>, off: u32, len: u32, ppn: u32) {
 /// step per point elsewhere.
 pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
     out.clear();
+    let first = rd16(b, 0);
+    if first & RUNS_FLAG != 0 {
+        // A run each (`live` would read every record to count their pages).
+        let list = RunList::read(b);
+        out.reserve(list.n);
+        list.for_each(b, |start, len, ppn| push_run(out, start, len, ppn));
+        return;
+    }
     // Merges start with empty working vectors: sized once here, not grown by doubling (their
     // copies were a tenth of pgbench's update time).
     out.reserve(live(b) as usize);
-    let first = rd16(b, 0);
     if first & WORDS_FLAG != 0 {
         return words::decode_runs(b, out);
     }
     if first & PATCH_FLAG != 0 {
         return patches::decode_runs(b, out);
-    }
-    if first & RUNS_FLAG != 0 {
-        RunList::read(b).for_each(b, |start, len, ppn| push_run(out, start, len, ppn));
-        return;
     }
     let h = Header::read(b);
     let seg_at = h.segments_at();
