@@ -5,7 +5,7 @@
 //! high part, kept here in unary: run `i` sets bit `high_i + i` of `upper_bits(n)` bits (`n`
 //! ones, and one zero closing each of the `GROUP_LPNS >> low_bits(n)` buckets). That is about
 //! `log2(GROUP_LPNS / n) + 2` bits an offset where a u16 takes 16: random single pages on a
-//! fresh large drive leave groups of a few dozen such runs, and there the offsets were about
+//! fresh large drive leave groups of a few dozen such runs, and there the offsets were almost
 //! half of the run list.
 //!
 //! Lists are kept short so that the unary part fits in `WORDS` u64s, read whole, and a lookup

@@ -350,7 +350,7 @@ mod tests {
             group::encode_plain(&runs, &mut plain);
             if encoding(&chosen) == Encoding::Runs {
                 // A few pages off a line of 7 runs: the plain run list of a dozen runs (about
-                // 6 bytes each with Elias-Fano offsets) is smaller than a patched blob.
+                // 6 bytes each) is smaller than a patched blob.
                 assert!(k <= 3 && len == plain.out.len(), "k {k}: {len} bytes");
                 continue;
             }
