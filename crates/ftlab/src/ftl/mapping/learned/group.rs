@@ -1454,30 +1454,25 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
         }
     }
 
+    // Elias-Fano offsets only where they save an eighth of the smallest other encoding; bitmap
+    // words are weighed against what would be written without them.
+    let others = plain_runs_bytes.min(best_bytes);
+    let (num, den) = ELIAS_FANO_MIN_SAVING;
+    let elias_fano =
+        elias_fano_bytes.is_some_and(|b| b < others && (others - b) * den >= others * num);
+    let written = if elias_fano { runs_bytes } else { others };
     if let Some(plan) = words_plan {
-        if plan.bytes <= words_cap(runs_bytes.min(best_bytes), live) {
+        if plan.bytes <= words_cap(written, live) {
             words::write(&s.runs, &plan, &mut s.out);
             return Some(());
         }
     }
     let out = &mut s.out;
     out.clear();
-    // The smaller encoding is taken, so the run list's size bounds it.
-    out.reserve(runs_bytes.min(best_bytes) + TAIL_PAD);
-    let others = plain_runs_bytes.min(best_bytes);
-    let (num, den) = ELIAS_FANO_MIN_SAVING;
-    let elias_fano =
-        elias_fano_bytes.is_some_and(|b| b < others && (others - b) * den >= others * num);
+    out.reserve(written + TAIL_PAD);
     if elias_fano || plain_runs_bytes <= best_bytes {
         write_run_list(&s.runs, (w_len, w_ppn, ppn_min), elias_fano, out);
-        debug_assert_eq!(
-            out.len(),
-            if elias_fano {
-                runs_bytes
-            } else {
-                plain_runs_bytes
-            }
-        );
+        debug_assert_eq!(out.len(), written);
         return Some(());
     }
     let l = layout(n_intervals, &s.best);
