@@ -123,16 +123,16 @@ impl Upper {
         (self.bucket_end(h, n) - h) as usize
     }
 
-    /// The last offset at most `off`, as its index and value (None when every offset is above
-    /// it), and where the search stopped, for `value_after`; `low_of(i)` reads offset `i`'s low
-    /// bits (kept with its run's record).
+    /// The last offset at most `off`, as its index, value and record (None when every offset
+    /// is above it), and where the search stopped, for `value_after`; `record_of(i)` reads
+    /// offset `i`'s record, whose low bits come first (so the caller does not read it again).
     #[inline]
-    pub(super) fn last_le(
+    pub(super) fn last_le<R>(
         &self,
         n: usize,
         off: u32,
-        low_of: impl Fn(usize) -> u32,
-    ) -> (Option<(usize, u32)>, Bucket) {
+        record_of: impl Fn(usize) -> (u32, R),
+    ) -> (Option<(usize, u32, R)>, Bucket) {
         let l = low_bits(n);
         let h = off >> l;
         let end = self.bucket_end(h, n);
@@ -144,9 +144,10 @@ impl Upper {
         // sits at bit `h + i`, for `i` down from `through - 1` while that bit is a one.
         let mut i = bucket.through;
         while i > 0 && self.is_one(h as usize + i - 1) {
-            let value = h << l | low_of(i - 1);
+            let (low, record) = record_of(i - 1);
+            let value = h << l | low;
             if value <= off {
-                return (Some((i - 1, value)), bucket);
+                return (Some((i - 1, value, record)), bucket);
             }
             i -= 1;
         }
@@ -156,7 +157,8 @@ impl Upper {
             return (None, bucket);
         };
         let high = self.last_one_below(h as usize + i) - i as u32;
-        (Some((i, high << l | low_of(i))), bucket)
+        let (low, record) = record_of(i);
+        (Some((i, high << l | low, record)), bucket)
     }
 
     /// Offset `j` (< n) of a search that stopped at `bucket` and found offset `j - 1` (or none,
@@ -334,7 +336,11 @@ mod tests {
                     .iter()
                     .rposition(|&o| u32::from(o) <= off)
                     .map(|i| (i, u32::from(offsets[i])));
-                let (found, bucket) = upper.last_le(n, off, low_of);
+                let (found, bucket) = upper.last_le(n, off, |i| (low_of(i), i));
+                let found = found.map(|(i, value, record)| {
+                    assert_eq!(record, i, "the record of the offset found");
+                    (i, value)
+                });
                 assert_eq!(found, expected, "n={n} off={off}");
                 let j = found.map_or(0, |(i, _)| i + 1);
                 if j < n {

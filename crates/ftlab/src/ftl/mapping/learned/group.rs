@@ -829,8 +829,11 @@ impl RunList {
     #[inline(never)]
     fn find_elias_fano(&self, b: &[u8], off: u32) -> Result<(usize, (u32, u32, u32)), Lookup> {
         let upper = self.upper(b);
-        let (found, bucket) = upper.last_le(self.n, off, |i| self.record(b, i).0);
-        let Some((i, start)) = found else {
+        let (found, bucket) = upper.last_le(self.n, off, |i| {
+            let (low, len, ppn) = self.record(b, i);
+            (low, (len, ppn))
+        });
+        let Some((i, start, (len, ppn))) = found else {
             return Err(Lookup {
                 ppn: None,
                 lo: 0,
@@ -839,7 +842,6 @@ impl RunList {
                 next: Finger::before_run(0),
             });
         };
-        let (_, len, ppn) = self.record(b, i);
         if off - start >= len {
             let hi = if i + 1 < self.n {
                 upper.value_after(self.n, bucket, i + 1, self.record(b, i + 1).0)
