@@ -14,6 +14,7 @@ ftlab=${1:-target/release/ftlab}
 traces=${TRACES:-../shared/traces}
 work=${WORK:-$(mktemp -d)}
 [ -z "${WORK:-}" ] && trap 'rm -rf "$work"' EXIT
+mkdir -p "$work"
 [ -x "$ftlab" ] || { echo "lossless_sweep.sh: no $ftlab (cargo build --release)" >&2; exit 2; }
 failed=()
 
