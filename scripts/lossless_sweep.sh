@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Runs the simulator with every mapping table (flat, learned, hash, extent) over the shared traces
 # and the workload generators, and checks that each table's JSON report equals flat's but for the
-# mapping figures (`mapping`, the series' `mapping_bytes`) and wall time: the tables are lossless,
-# so GC, WAF, latencies and every counter must not move. Larger and more varied than the tests'
-# `every_mapping_table_gives_the_flat_tables_results` (full traces, several presets, streams, a
-# write buffer, reads, a buffer of one in 1024 live mappings); about 5 minutes on two cores.
+# mapping figures (`mapping`, the series' `mapping_bytes`), the echoed `config` (which names the
+# table) and wall time: the tables are lossless, so GC, WAF, latencies and every counter must not
+# move. Larger and more varied than the tests' `every_mapping_table_gives_the_flat_tables_results`
+# (full traces, several presets, streams, a write buffer, reads, a buffer of one in 1024 live
+# mappings); about 5 minutes on two cores.
 #
 # usage: scripts/lossless_sweep.sh [FTLAB]   (default target/release/ftlab; build it first)
 # Environment: TRACES (default ../shared/traces), WORK (default a temporary directory, removed).
 set -euo pipefail
+# Paths given are the caller's; the defaults are the repository's.
+ftlab=${1:+$(realpath -m "$1")}
+traces=${TRACES:+$(realpath -m "$TRACES")}
+work=${WORK:+$(realpath -m "$WORK")}
 cd "$(dirname "$0")/.."
-ftlab=${1:-target/release/ftlab}
-traces=${TRACES:-../shared/traces}
-work=${WORK:-$(mktemp -d)}
+ftlab=${ftlab:-target/release/ftlab}
+traces=${traces:-../shared/traces}
+work=${work:-$(mktemp -d)}
 [ -z "${WORK:-}" ] && trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
 [ -x "$ftlab" ] || { echo "lossless_sweep.sh: no $ftlab (cargo build --release)" >&2; exit 2; }
