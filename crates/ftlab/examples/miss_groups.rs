@@ -8,6 +8,10 @@
 //! used runs (where a follow-on position kept for each of k recent spans, `Follow`, would skip
 //! the searches; the table keeps one).
 //!
+//! Then, for a cache of decoded blocks of 16, 64 or 256 LPNs holding a quarter, a sixteenth or a
+//! sixty-fourth of the live mappings' worth of LPNs (least recently used out), how many of the
+//! misses land in a cached block ("A cache of decoded blocks" in the log).
+//!
 //! ```text
 //! cargo build --release --example miss_groups
 //! target/release/examples/miss_groups ../shared/traces/files.nbdlog.gz
@@ -15,6 +19,7 @@
 
 use ftlab::ftl::mapping::learned::{GROUP_LPNS, GROUP_SHIFT};
 use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 const KS: [usize; 5] = [1, 2, 4, 8, 16];
@@ -29,6 +34,27 @@ fn touch(mru: &mut Vec<u32>, key: u32) -> Option<usize> {
     mru.insert(0, key);
     mru.truncate(KS[KS.len() - 1]);
     at
+}
+
+/// The misses (LPNs where a lookup leaves the run before) that land in one of the `capacity`
+/// most recently used blocks of `1 << block_shift` LPNs.
+fn block_cache_hits(misses: &[u32], block_shift: u32, capacity: usize) -> u64 {
+    let blocks = (misses.iter().max().map_or(0, |&l| l >> block_shift) + 1) as usize;
+    // Each block's last use (0: never), and the cached blocks ordered by it.
+    let mut last_use = vec![0u64; blocks];
+    let mut cached = BTreeSet::new();
+    let mut hits = 0;
+    for (now, &lpn) in (1u64..).zip(misses) {
+        let block = (lpn >> block_shift) as usize;
+        if cached.remove(&(last_use[block], block)) {
+            hits += 1;
+        } else if cached.len() == capacity {
+            cached.pop_first();
+        }
+        last_use[block] = now;
+        cached.insert((now, block));
+    }
+    hits
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,6 +87,7 @@ fn main() -> anyhow::Result<()> {
     let (mut at_run_start, mut follow_hits) = (0u64, [0u64; KS.len()]);
     let (mut runs, mut groups) = (Vec::new(), Vec::new());
     let mut last_run = u32::MAX;
+    let mut miss_lpns = Vec::new();
     for &lpn in &ops.gets {
         let run = run_of[lpn as usize];
         if run == last_run {
@@ -68,6 +95,7 @@ fn main() -> anyhow::Result<()> {
         }
         last_run = run;
         misses += 1;
+        miss_lpns.push(lpn);
         // The run just before this one in the group, if the miss lands on this run's start.
         let at_start = lpn == run && !(lpn as usize).is_multiple_of(GROUP_LPNS);
         at_run_start += u64::from(at_start);
@@ -112,6 +140,21 @@ fn main() -> anyhow::Result<()> {
             follow_hits[i],
             pct(follow_hits[i])
         );
+    }
+    let live = map.iter().filter(|&&ppn| ppn != REMOVE).count();
+    println!("live mappings: {live}");
+    println!("| cache holds LPNs of | block LPNs | blocks | misses in a cached block |");
+    println!("|---|---:|---:|---:|");
+    for divisor in [4, 16, 64] {
+        for block_shift in [4, 6, 8] {
+            let capacity = ((live / divisor) >> block_shift).max(1);
+            let hits = block_cache_hits(&miss_lpns, block_shift, capacity);
+            println!(
+                "| live / {divisor} | {} | {capacity} | {hits} ({:.1} %) |",
+                1 << block_shift,
+                pct(hits)
+            );
+        }
     }
     Ok(())
 }
