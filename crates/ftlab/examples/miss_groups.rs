@@ -64,10 +64,7 @@ fn main() -> anyhow::Result<()> {
     };
     let ops = ops_from_trace(Path::new(&trace), None, None, PpnSource::LogHead)?;
     // The final mapping, as a plain array (the oracle every table is checked against).
-    let mut map = vec![REMOVE; ops.logical_pages as usize];
-    for &(lpn, ppn) in &ops.updates {
-        map[lpn as usize] = ppn;
-    }
+    let map = ops.oracle();
     // Each LPN's run, named by its first LPN, in one pass.
     let mut run_of = vec![0u32; map.len()];
     for lpn in 0..map.len() {
