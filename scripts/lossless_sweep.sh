@@ -35,7 +35,7 @@ def strip(v):
     return v
 a, b = (strip(json.load(open(f))) for f in sys.argv[1:3])
 if a != b:
-    print("  differs in:", ", ".join(k for k in a if a.get(k) != b.get(k)))
+    print("  differs in:", ", ".join(k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)))
     sys.exit(1)
 PY
 }
