@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
             lpn as u32
         };
     }
-    let (mut misses, mut run_misses, mut group_hits) = (0u64, [0u64; KS.len()], [0u64; KS.len()]);
+    let (mut run_misses, mut group_hits) = ([0u64; KS.len()], [0u64; KS.len()]);
     let (mut at_run_start, mut follow_hits) = (0u64, [0u64; KS.len()]);
     let (mut runs, mut groups) = (Vec::new(), Vec::new());
     let mut last_run = u32::MAX;
@@ -91,7 +91,6 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         last_run = run;
-        misses += 1;
         miss_lpns.push(lpn);
         // The run just before this one in the group, if the miss lands on this run's start.
         let at_start = lpn == run && !(lpn as usize).is_multiple_of(GROUP_LPNS);
@@ -115,6 +114,7 @@ fn main() -> anyhow::Result<()> {
         g.dedup();
         g.len()
     };
+    let misses = miss_lpns.len();
     let pct = |n: u64| 100.0 * n as f64 / misses.max(1) as f64;
     println!(
         "{trace}: {} lookups, {misses} leave the run before; groups with live mappings: {live_groups}",
