@@ -4,6 +4,17 @@
 //!
 //! - `bitmap+rank+u32`: one bit per LPN, a rank (u32) per 64-bit word, and a plain u32 per live
 //!   mapping (no compression, no update buffer, no cursor; about 5 bytes a mapping).
+//! - `starts+rank+u32 per run`: one bit per LPN marking where a run begins (a run of consecutive
+//!   PPNs, or of unmapped LPNs), a rank per 64-bit word, and per run a u32 difference between
+//!   its first PPN and first LPN (or a mark for unmapped): the same lookup as the previous
+//!   layout, keyed by runs, so it pays per run rather than per mapping (static, no buffer, no
+//!   cursor).
+//! - the same in 4096-LPN groups as an updatable table would hold it: a directory (empty groups
+//!   hold nothing), runs cut at groups' edges, and beside each word's run starts a bitmap of the
+//!   offsets an update buffer holds, tested by every lookup (none set here); then the same
+//!   behind a one-entry cursor keeping the run's part within its word, as the learned table's
+//!   bitmap words do. The least such a design's compressed layer would cost, on either side of
+//!   the cursor.
 //! - `runs+cursor`: the mapping's maximal runs in one sorted array (12 bytes a run, the extent
 //!   map's size), with the learned table's one-entry cursor; a lookup the cursor misses is one
 //!   branch-free halving search. No groups, no buffer: the least a run-keyed layout with a
@@ -50,6 +61,209 @@ impl Rank {
         let r = self.before[w] as usize + (word & (bit - 1)).count_ones() as usize;
         Some(self.vals[r])
     }
+}
+
+/// Where each maximal run begins, one bit per LPN with a rank per word, and per run the
+/// difference between its first PPN and first LPN (`UNMAPPED` for a run of unmapped LPNs).
+struct RunRank {
+    /// (bits, runs begun before the word) for each 64 LPNs, side by side: one line per lookup.
+    words: Vec<(u64, u32)>,
+    /// `ppn - lpn` (wrapping) for every LPN of the run, or `UNMAPPED`.
+    diffs: Vec<u32>,
+}
+
+impl RunRank {
+    fn new(oracle: &[u32]) -> Self {
+        let mut words = vec![(0u64, 0u32); oracle.len().div_ceil(64)];
+        let mut diffs: Vec<u32> = Vec::new();
+        let mut last = None;
+        for (lpn, &v) in oracle.iter().enumerate() {
+            let diff = if v == REMOVE {
+                UNMAPPED
+            } else {
+                v.wrapping_sub(lpn as u32)
+            };
+            // A diff of UNMAPPED from a mapping would read as unmapped; not on these traces.
+            assert!(v == REMOVE || diff != UNMAPPED);
+            if last != Some(diff) {
+                words[lpn / 64].0 |= 1 << (lpn % 64);
+                diffs.push(diff);
+                last = Some(diff);
+            }
+        }
+        let mut before = 0u32;
+        for w in &mut words {
+            w.1 = before;
+            before += w.0.count_ones();
+        }
+        RunRank { words, diffs }
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        let (word, before) = self.words[(lpn / 64) as usize];
+        // Run starts at or below the LPN's bit; LPN 0 begins a run, so the count is at least 1.
+        let r = before as usize + (word << (63 - lpn % 64)).count_ones() as usize - 1;
+        let diff = self.diffs[r];
+        (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+    }
+
+    fn bytes(&self) -> usize {
+        self.words.len() * std::mem::size_of::<(u64, u32)>() + self.diffs.len() * 4
+    }
+
+    /// `bytes` counting only the 4096-LPN groups that map a page (their words and the runs
+    /// beginning in them), as a table whose directory skips empty groups would hold.
+    fn bytes_in_mapped_groups(&self, oracle: &[u32]) -> usize {
+        let mut bytes = 0;
+        for (g, lpns) in oracle.chunks(4096).enumerate() {
+            if lpns.iter().all(|&v| v == REMOVE) {
+                continue;
+            }
+            let words = &self.words[g * 64..(g * 64 + 64).min(self.words.len())];
+            let runs: u32 = words.iter().map(|w| w.0.count_ones()).sum();
+            bytes += std::mem::size_of_val(words) + runs as usize * 4;
+        }
+        bytes
+    }
+}
+
+/// `RunRank` as an updatable table would have to hold it: 4096-LPN groups behind a directory
+/// (empty groups hold nothing), runs cut at groups' edges, and beside each word's run starts a
+/// bitmap of the offsets an update buffer holds, which every lookup tests first (here none is
+/// set: the bound is for the compressed layer's answer).
+struct GroupedRunRank {
+    /// Per group, its first word in `words`, or `u32::MAX` where it maps nothing.
+    dir: Vec<u32>,
+    words: Vec<LeanWord>,
+    diffs: Vec<u32>,
+    /// (first LPN, length, diff) of the run part the last `get_cursor` miss found, within its
+    /// word, as the learned table's bitmap words keep it.
+    span: std::cell::Cell<(u32, u32, u32)>,
+}
+
+#[derive(Clone, Copy)]
+struct LeanWord {
+    starts: u64,
+    buffered: u64,
+    /// Runs begun in earlier words.
+    before: u32,
+}
+
+impl GroupedRunRank {
+    fn new(oracle: &[u32]) -> Self {
+        let mut t = GroupedRunRank {
+            dir: Vec::new(),
+            words: Vec::new(),
+            diffs: Vec::new(),
+            span: std::cell::Cell::new((0, 0, 0)),
+        };
+        for (g, lpns) in oracle.chunks(4096).enumerate() {
+            if lpns.iter().all(|&v| v == REMOVE) {
+                t.dir.push(u32::MAX);
+                continue;
+            }
+            t.dir.push(t.words.len() as u32);
+            let first = t.words.len();
+            t.words.resize(
+                first + 64,
+                LeanWord {
+                    starts: 0,
+                    buffered: 0,
+                    before: 0,
+                },
+            );
+            let mut last = None;
+            for (i, &v) in lpns.iter().enumerate() {
+                let lpn = (g * 4096 + i) as u32;
+                let diff = if v == REMOVE {
+                    UNMAPPED
+                } else {
+                    v.wrapping_sub(lpn)
+                };
+                if last != Some(diff) {
+                    t.words[first + i / 64].starts |= 1 << (i % 64);
+                    t.diffs.push(diff);
+                    last = Some(diff);
+                }
+            }
+        }
+        let mut before = 0u32;
+        for w in &mut t.words {
+            w.before = before;
+            before += w.starts.count_ones();
+        }
+        t
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        let first = self.dir[(lpn >> 12) as usize];
+        if first == u32::MAX {
+            return None;
+        }
+        let w = self.words[first as usize + (lpn as usize >> 6 & 63)];
+        if w.buffered >> (lpn % 64) & 1 != 0 {
+            return buffered_lookup(lpn);
+        }
+        let r = w.before as usize + (w.starts << (63 - lpn % 64)).count_ones() as usize - 1;
+        let diff = self.diffs[r];
+        (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+    }
+
+    /// `get` behind a one-entry cursor: a miss keeps the run's part within the word (a bit scan
+    /// each way) for the next lookup.
+    #[inline]
+    fn get_cursor(&self, lpn: u32) -> Option<u32> {
+        let (lo, len, diff) = self.span.get();
+        if lpn.wrapping_sub(lo) < len {
+            return (diff != UNMAPPED).then(|| lpn.wrapping_add(diff));
+        }
+        self.miss_cursor(lpn)
+    }
+
+    #[inline(never)]
+    fn miss_cursor(&self, lpn: u32) -> Option<u32> {
+        let first = self.dir[(lpn >> 12) as usize];
+        if first == u32::MAX {
+            self.span.set((lpn & !4095, 4096, UNMAPPED));
+            return None;
+        }
+        let w = self.words[first as usize + (lpn as usize >> 6 & 63)];
+        let i = lpn % 64;
+        if w.buffered >> i & 1 != 0 {
+            return buffered_lookup(lpn);
+        }
+        let upto = w.starts << (63 - i);
+        let r = w.before as usize + upto.count_ones() as usize - 1;
+        let diff = self.diffs[r];
+        // The run's part in this word: from its start (or the word's) to the next start.
+        let lo = if upto == 0 {
+            0
+        } else {
+            i - upto.leading_zeros()
+        };
+        let after = w.starts & (u64::MAX << i << 1);
+        let hi = if after == 0 {
+            64
+        } else {
+            after.trailing_zeros()
+        };
+        self.span.set((lpn - i + lo, hi - lo, diff));
+        (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+    }
+
+    fn bytes(&self) -> usize {
+        self.dir.len() * 4
+            + self.words.len() * std::mem::size_of::<LeanWord>()
+            + self.diffs.len() * 4
+    }
+}
+
+/// Where a buffered offset's lookup would go (never taken here).
+#[inline(never)]
+fn buffered_lookup(lpn: u32) -> Option<u32> {
+    black_box(Some(lpn))
 }
 
 /// The mapping as its maximal runs (consecutive LPNs to consecutive PPNs, or all unmapped) in one
@@ -183,6 +397,8 @@ fn main() -> anyhow::Result<()> {
     }
     let rank = Rank { bits, before, vals };
     let runs = RunsCursor::new(&oracle);
+    let run_rank = RunRank::new(&oracle);
+    let grouped = GroupedRunRank::new(&oracle);
     // The learned table itself, after the trace's updates, as `ftlab mapbench` times it.
     let mut learned = LearnedMapping::new(ops.logical_pages);
     for &(lpn, v) in &ops.updates {
@@ -197,12 +413,19 @@ fn main() -> anyhow::Result<()> {
     for &lpn in ops.gets.iter().chain(&ops.random_gets) {
         let want = oracle.get(lpn as usize).copied().filter(|&v| v != REMOVE);
         assert_eq!(rank.get(lpn), want, "bitmap+rank, lpn {lpn}");
+        assert_eq!(run_rank.get(lpn), want, "starts+rank, lpn {lpn}");
+        assert_eq!(grouped.get(lpn), want, "grouped starts+rank, lpn {lpn}");
+        assert_eq!(
+            grouped.get_cursor(lpn),
+            want,
+            "grouped starts+rank+cursor, lpn {lpn}"
+        );
         assert_eq!(runs.get(lpn), want, "runs+cursor, lpn {lpn}");
         assert_eq!(runs.get_slotted(lpn), want, "runs+slots+cursor, lpn {lpn}");
         assert_eq!(learned.get_uncounted(lpn), want, "learned, lpn {lpn}");
     }
     let (mut tf, mut tr, mut tc, mut tl) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    let mut ts = f64::MAX;
+    let (mut ts, mut tq, mut tg, mut tgc) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
     for _ in 0..7 {
         let t = Instant::now();
         for &lpn in &ops.gets {
@@ -215,6 +438,21 @@ fn main() -> anyhow::Result<()> {
             black_box(rank.get(black_box(lpn)));
         }
         tr = tr.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for &lpn in &ops.gets {
+            black_box(run_rank.get(black_box(lpn)));
+        }
+        tq = tq.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for &lpn in &ops.gets {
+            black_box(grouped.get(black_box(lpn)));
+        }
+        tg = tg.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for &lpn in &ops.gets {
+            black_box(grouped.get_cursor(black_box(lpn)));
+        }
+        tgc = tgc.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
         for &lpn in &ops.gets {
             black_box(runs.get(black_box(lpn)));
@@ -239,6 +477,27 @@ fn main() -> anyhow::Result<()> {
         per(tr),
         tf / tr,
         bytes as f64 / rank.vals.len().max(1) as f64
+    );
+    println!(
+        "  starts+rank+u32 per run {:.2} ns ({:.2}x), {:.3} B per live mapping over the whole \
+         device ({:.3} over the groups that map a page), {} runs",
+        per(tq),
+        tf / tq,
+        run_rank.bytes() as f64 / rank.vals.len().max(1) as f64,
+        run_rank.bytes_in_mapped_groups(&oracle) as f64 / rank.vals.len().max(1) as f64,
+        run_rank.diffs.len()
+    );
+    println!(
+        "  the same in groups, with a directory and buffered bits {:.2} ns ({:.2}x), {:.3} B per \
+         live mapping",
+        per(tg),
+        tf / tg,
+        grouped.bytes() as f64 / rank.vals.len().max(1) as f64,
+    );
+    println!(
+        "  the same behind a one-entry cursor {:.2} ns ({:.2}x)",
+        per(tgc),
+        tf / tgc,
     );
     println!(
         "  runs+cursor {:.2} ns ({:.2}x), {} runs ({:.3} B per live mapping at 12 B a run)",
@@ -283,12 +542,14 @@ fn main() -> anyhow::Result<()> {
     learned.note_gets(7 * misses.len() as u64);
     println!(
         "  the learned table's {} cursor misses alone, ns each: learned {:.1} (its compressed \
-         layer alone {:.1}), runs+cursor's search {:.1}, runs+slots+cursor's {:.1}, flat u64 {:.1}",
+         layer alone {:.1}), runs+cursor's search {:.1}, runs+slots+cursor's {:.1}, starts+rank \
+         {:.1}, flat u64 {:.1}",
         misses.len(),
         per_miss(&|lpn| learned.get(lpn)),
         per_miss(&|lpn| learned.compressed(lpn)),
         per_miss(&|lpn| runs.miss(lpn)),
         per_miss(&|lpn| runs.miss_slotted(lpn)),
+        per_miss(&|lpn| run_rank.get(lpn)),
         per_miss(&|lpn| {
             let v = flat[lpn as usize];
             (v != u64::MAX).then_some(v as u32)
