@@ -69,7 +69,8 @@ impl Rank {
 struct RunRank {
     /// (bits, runs begun before the word) for each 64 LPNs, side by side: one line per lookup.
     words: Vec<(u64, u32)>,
-    /// `ppn - lpn` (wrapping) for every LPN of the run, or `UNMAPPED`.
+    /// Per run, its first PPN less its first LPN (wrapping), which is `ppn - lpn` for each of
+    /// its LPNs; `UNMAPPED` for a run of unmapped LPNs.
     diffs: Vec<u32>,
 }
 
