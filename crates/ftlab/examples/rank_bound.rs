@@ -35,7 +35,7 @@
 //! The rank is a popcount: x86-64's baseline has no POPCNT instruction, and its software
 //! replacement is most of that layout's lookup. `RUSTFLAGS="-C target-feature=+popcnt"` (in
 //! another target directory) shows the difference.
-use ftlab::ftl::mapping::learned::LearnedMapping;
+use ftlab::ftl::mapping::learned::{LearnedMapping, GROUP_LPNS, GROUP_SHIFT};
 use ftlab::ftl::mapping::runs::count_le;
 use ftlab::ftl::mapping::MappingTable;
 use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
@@ -64,6 +64,29 @@ impl Rank {
     }
 }
 
+/// The value a run-keyed layout stores for `lpn` mapped to `v` (or unmapped: `REMOVE`): the PPN
+/// less the LPN, the same for every LPN of a run of consecutive PPNs, or `UNMAPPED`.
+fn run_diff(lpn: u32, v: u32) -> u32 {
+    if v == REMOVE {
+        return UNMAPPED;
+    }
+    let diff = v.wrapping_sub(lpn);
+    // A mapping whose diff were UNMAPPED would read as unmapped; not on these traces.
+    assert_ne!(diff, UNMAPPED, "lpn {lpn}");
+    diff
+}
+
+/// The PPN a run-keyed layout answers for `lpn` from its run's `run_diff`.
+#[inline(always)]
+fn ppn_from(lpn: u32, diff: u32) -> Option<u32> {
+    (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+}
+
+/// Whether a group's LPNs map nothing (a directory would hold no words for it).
+fn maps_nothing(lpns: &[u32]) -> bool {
+    lpns.iter().all(|&v| v == REMOVE)
+}
+
 /// Where each maximal run begins, one bit per LPN with a rank per word, and per run the
 /// difference between its first PPN and first LPN (`UNMAPPED` for a run of unmapped LPNs).
 struct RunRank {
@@ -80,13 +103,7 @@ impl RunRank {
         let mut diffs: Vec<u32> = Vec::new();
         let mut last = None;
         for (lpn, &v) in oracle.iter().enumerate() {
-            let diff = if v == REMOVE {
-                UNMAPPED
-            } else {
-                v.wrapping_sub(lpn as u32)
-            };
-            // A diff of UNMAPPED from a mapping would read as unmapped; not on these traces.
-            assert!(v == REMOVE || diff != UNMAPPED);
+            let diff = run_diff(lpn as u32, v);
             if last != Some(diff) {
                 words[lpn / 64].0 |= 1 << (lpn % 64);
                 diffs.push(diff);
@@ -106,23 +123,24 @@ impl RunRank {
         let (word, before) = self.words[(lpn / 64) as usize];
         // Run starts at or below the LPN's bit; LPN 0 begins a run, so the count is at least 1.
         let r = before as usize + (word << (63 - lpn % 64)).count_ones() as usize - 1;
-        let diff = self.diffs[r];
-        (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+        ppn_from(lpn, self.diffs[r])
     }
 
     fn bytes(&self) -> usize {
         self.words.len() * std::mem::size_of::<(u64, u32)>() + self.diffs.len() * 4
     }
 
-    /// `bytes` counting only the 4096-LPN groups that map a page (their words and the runs
+    /// `bytes` counting only the groups (of the learned table's size) that map a page (their words and the runs
     /// beginning in them), as a table whose directory skips empty groups would hold.
     fn bytes_in_mapped_groups(&self, oracle: &[u32]) -> usize {
         let mut bytes = 0;
-        for (g, lpns) in oracle.chunks(4096).enumerate() {
-            if lpns.iter().all(|&v| v == REMOVE) {
+        let words_per_group = GROUP_LPNS / 64;
+        for (g, lpns) in oracle.chunks(GROUP_LPNS).enumerate() {
+            if maps_nothing(lpns) {
                 continue;
             }
-            let words = &self.words[g * 64..(g * 64 + 64).min(self.words.len())];
+            let first = g * words_per_group;
+            let words = &self.words[first..(first + words_per_group).min(self.words.len())];
             let runs: u32 = words.iter().map(|w| w.0.count_ones()).sum();
             bytes += std::mem::size_of_val(words) + runs as usize * 4;
         }
@@ -130,7 +148,7 @@ impl RunRank {
     }
 }
 
-/// `RunRank` as an updatable table would have to hold it: 4096-LPN groups behind a directory
+/// `RunRank` as an updatable table would have to hold it: the learned table's groups behind a directory
 /// (empty groups hold nothing), runs cut at groups' edges, and beside each word's run starts a
 /// bitmap of the offsets an update buffer holds, which every lookup tests first (here none is
 /// set: the bound is for the compressed layer's answer).
@@ -160,15 +178,15 @@ impl GroupedRunRank {
             diffs: Vec::new(),
             span: std::cell::Cell::new((0, 0, 0)),
         };
-        for (g, lpns) in oracle.chunks(4096).enumerate() {
-            if lpns.iter().all(|&v| v == REMOVE) {
+        for (g, lpns) in oracle.chunks(GROUP_LPNS).enumerate() {
+            if maps_nothing(lpns) {
                 t.dir.push(u32::MAX);
                 continue;
             }
             t.dir.push(t.words.len() as u32);
             let first = t.words.len();
             t.words.resize(
-                first + 64,
+                first + GROUP_LPNS / 64,
                 LeanWord {
                     starts: 0,
                     buffered: 0,
@@ -177,12 +195,7 @@ impl GroupedRunRank {
             );
             let mut last = None;
             for (i, &v) in lpns.iter().enumerate() {
-                let lpn = (g * 4096 + i) as u32;
-                let diff = if v == REMOVE {
-                    UNMAPPED
-                } else {
-                    v.wrapping_sub(lpn)
-                };
+                let diff = run_diff((g * GROUP_LPNS + i) as u32, v);
                 if last != Some(diff) {
                     t.words[first + i / 64].starts |= 1 << (i % 64);
                     t.diffs.push(diff);
@@ -198,19 +211,32 @@ impl GroupedRunRank {
         t
     }
 
-    #[inline]
-    fn get(&self, lpn: u32) -> Option<u32> {
-        let first = self.dir[(lpn >> 12) as usize];
+    /// `lpn`'s word and its run starts at or below the LPN's bit, shifted to the top; `None`
+    /// where its group maps nothing.
+    #[inline(always)]
+    fn word_of(&self, lpn: u32) -> Option<(LeanWord, u64)> {
+        let first = self.dir[(lpn >> GROUP_SHIFT) as usize];
         if first == u32::MAX {
             return None;
         }
-        let w = self.words[first as usize + (lpn as usize >> 6 & 63)];
+        let w = self.words[first as usize + (lpn as usize % GROUP_LPNS) / 64];
+        Some((w, w.starts << (63 - lpn % 64)))
+    }
+
+    /// The diff of the run holding the LPN whose run starts at or below its bit are `upto` in
+    /// word `w`.
+    #[inline(always)]
+    fn diff_of(&self, w: LeanWord, upto: u64) -> u32 {
+        self.diffs[w.before as usize + upto.count_ones() as usize - 1]
+    }
+
+    #[inline]
+    fn get(&self, lpn: u32) -> Option<u32> {
+        let (w, upto) = self.word_of(lpn)?;
         if w.buffered >> (lpn % 64) & 1 != 0 {
             return buffered_lookup(lpn);
         }
-        let r = w.before as usize + (w.starts << (63 - lpn % 64)).count_ones() as usize - 1;
-        let diff = self.diffs[r];
-        (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+        ppn_from(lpn, self.diff_of(w, upto))
     }
 
     /// `get` behind a one-entry cursor: a miss keeps the run's part within the word (a bit scan
@@ -219,26 +245,24 @@ impl GroupedRunRank {
     fn get_cursor(&self, lpn: u32) -> Option<u32> {
         let (lo, len, diff) = self.span.get();
         if lpn.wrapping_sub(lo) < len {
-            return (diff != UNMAPPED).then(|| lpn.wrapping_add(diff));
+            return ppn_from(lpn, diff);
         }
         self.miss_cursor(lpn)
     }
 
     #[inline(never)]
     fn miss_cursor(&self, lpn: u32) -> Option<u32> {
-        let first = self.dir[(lpn >> 12) as usize];
-        if first == u32::MAX {
-            self.span.set((lpn & !4095, 4096, UNMAPPED));
+        let Some((w, upto)) = self.word_of(lpn) else {
+            let group_lpns = GROUP_LPNS as u32;
+            self.span
+                .set((lpn / group_lpns * group_lpns, group_lpns, UNMAPPED));
             return None;
-        }
-        let w = self.words[first as usize + (lpn as usize >> 6 & 63)];
+        };
         let i = lpn % 64;
         if w.buffered >> i & 1 != 0 {
             return buffered_lookup(lpn);
         }
-        let upto = w.starts << (63 - i);
-        let r = w.before as usize + upto.count_ones() as usize - 1;
-        let diff = self.diffs[r];
+        let diff = self.diff_of(w, upto);
         // The run's part in this word: from its start (or the word's) to the next start.
         let lo = if upto == 0 {
             0
@@ -252,7 +276,7 @@ impl GroupedRunRank {
             after.trailing_zeros()
         };
         self.span.set((lpn - i + lo, hi - lo, diff));
-        (diff != UNMAPPED).then(|| lpn.wrapping_add(diff))
+        ppn_from(lpn, diff)
     }
 
     fn bytes(&self) -> usize {
