@@ -207,7 +207,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let mut last_stats = std::time::Instant::now();
     let mut connections: Vec<Connection> = Vec::new();
+    let mut failure_told = false;
     while !STOP.load(Ordering::SeqCst) {
+        if let Some(why) = device.failure().filter(|_| !failure_told) {
+            eprintln!(
+                "ftlab serve: {why}\nftlab serve: the device has failed: every request is now answered EIO \
+                 (stop the server to save --image and the report; please report the panic above)"
+            );
+            failure_told = true;
+        }
         if let Some(path) = &args.stats {
             if last_stats.elapsed().as_secs_f64() >= args.stats_interval {
                 // A full disk or a removed directory must not end the clients' device.

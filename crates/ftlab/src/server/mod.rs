@@ -22,7 +22,7 @@ use model::ModelFtl;
 use protocol as p;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How replies are timed.
@@ -154,6 +154,13 @@ pub struct Device {
     options: DeviceOptions,
     /// Set by `begin_shutdown`: requests are answered ESHUTDOWN.
     draining: AtomicBool,
+    /// Set when executing a request panicked (a bug in ftlab): what panicked, where. From then
+    /// on every request is answered EIO, as a drive whose firmware asserted stays failed, rather
+    /// than executed on state the panic may have left half-updated; and the panicking request
+    /// is answered too, so its client does not wait forever for the reply.
+    failure: OnceLock<String>,
+    /// Armed by `panic_next_request_for_test`.
+    panic_next_request: AtomicBool,
     /// What clients saw, per NBD command: wall-clock time from a request read to its reply
     /// written to the socket (with latency emulation, the hold included).
     client_latency: Mutex<OpHistograms>,
@@ -206,6 +213,8 @@ impl Device {
             started: Instant::now(),
             options,
             draining: AtomicBool::new(false),
+            failure: OnceLock::new(),
+            panic_next_request: AtomicBool::new(false),
             client_latency: Mutex::new(OpHistograms::default()),
             config: config.clone(),
         })
@@ -424,6 +433,52 @@ impl Device {
         self.store.corrupt_for_test(lpn)
     }
 
+    /// Makes the next request executed panic, to test what a bug in the FTL or the store does
+    /// to the server and its clients.
+    #[doc(hidden)]
+    pub fn panic_next_request_for_test(&self) {
+        self.panic_next_request.store(true, Ordering::SeqCst);
+    }
+
+    /// Why the device failed (a request's execution panicked), if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// `execute`, with a panic caught: the device is marked failed and the request answered
+    /// EIO.
+    fn execute_or_fail(
+        &self,
+        r: &p::Request,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+        alone: bool,
+    ) -> Result<u64, Errno> {
+        // Unwind safety: after a panic nothing of the device is executed again (`failure`),
+        // and only the counters and the store are read, for the statistics and the image.
+        let run = std::panic::AssertUnwindSafe(|| {
+            if self.panic_next_request.swap(false, Ordering::SeqCst) {
+                panic!("panic_next_request_for_test");
+            }
+            self.execute(r, payload, out, alone)
+        });
+        std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            let _ = self.failure.set(format!(
+                "internal error (a bug in ftlab) executing {} at offset {} length {}: {why}",
+                p::command_name(r.command),
+                r.offset,
+                r.length
+            ));
+            out.clear();
+            Err(p::EIO)
+        })
+    }
+
     /// The live statistics: the simulator's counters, the mapping table's DRAM and the store's
     /// mm_stat fields.
     pub fn stats_json(&self) -> serde_json::Value {
@@ -436,6 +491,7 @@ impl Device {
         let now_ns = self.now_ns();
         serde_json::json!({
             "uptime_ns": now_ns,
+            "failure": self.failure(),
             "requests": requests,
             "waf": crate::report::round6(ftl.waf()),
             "host_write_pages": ftl.host_write_pages,
@@ -492,17 +548,25 @@ impl Device {
 
     /// Drains the FTL's write buffer (as a replay's end does) and flushes the record file; call
     /// before exiting.
+    /// After a failure (`failure`) the model is left as the panic left it, not drained, and
+    /// the failure is the error.
     pub fn finish(&self) -> Result<(), String> {
         let now = self.now_ns();
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.ftl.flush(now);
-        if let Some(e) = &s.record_error {
-            return Err(format!("record file: {e}"));
+        if self.failure().is_none() {
+            s.ftl.flush(now);
         }
-        if let Some(w) = &mut s.record {
-            w.flush().map_err(|e| format!("record file: {e}"))?;
+        let s = &mut *s;
+        let record = match (&s.record_error, &mut s.record) {
+            (Some(e), _) => Err(format!("record file: {e}")),
+            (None, Some(w)) => w.flush().map_err(|e| format!("record file: {e}")),
+            (None, None) => Ok(()),
+        };
+        match (self.failure(), record) {
+            (Some(why), Err(e)) => Err(format!("the device failed: {why}; {e}")),
+            (Some(why), Ok(())) => Err(format!("the device failed: {why}")),
+            (None, record) => record,
         }
-        Ok(())
     }
 
     fn now_ns(&self) -> u64 {
@@ -1040,10 +1104,12 @@ fn answer(
     // FTL model.
     let result = if device.draining.load(Ordering::SeqCst) {
         Err(p::ESHUTDOWN)
+    } else if device.failure().is_some() {
+        Err(p::EIO)
     } else if request.command == p::CMD_READ && request.length > p::MAX_REQUEST_BYTES {
         Err(p::EINVAL)
     } else {
-        device.execute(request, payload, out, alone)
+        device.execute_or_fail(request, payload, out, alone)
     };
     match result {
         Ok(latency_ns) => {
@@ -1082,7 +1148,11 @@ fn answer(
             (reply, Duration::from_nanos(hold_ns as u64))
         }
         Err(errno) if structured => (
-            p::structured_error(request.cookie, errno, &error_message(request, errno)),
+            p::structured_error(
+                request.cookie,
+                errno,
+                &error_message(request, errno, device.failure()),
+            ),
             Duration::ZERO,
         ),
         Err(errno) => (
@@ -1093,12 +1163,17 @@ fn answer(
 }
 
 /// What a structured error chunk tells the human behind the client.
-fn error_message(request: &p::Request, errno: u32) -> String {
-    let what = match errno {
-        p::EINVAL => "invalid request (out of range, too long, or an unknown command)",
-        p::ENOSPC => "no space: beyond the device, or the page store is at --mem-limit",
-        p::EIO => "I/O error in the page store",
-        p::ESHUTDOWN => "the server is shutting down",
+fn error_message(request: &p::Request, errno: u32, failure: Option<&str>) -> String {
+    let failed;
+    let what = match (errno, failure) {
+        (p::EINVAL, _) => "invalid request (out of range, too long, or an unknown command)",
+        (p::ENOSPC, _) => "no space: beyond the device, or the page store is at --mem-limit",
+        (p::EIO, Some(why)) => {
+            failed = format!("the device has failed: {why}");
+            &failed
+        }
+        (p::EIO, None) => "I/O error in the page store",
+        (p::ESHUTDOWN, _) => "the server is shutting down",
         _ => "error",
     };
     format!(

@@ -52,6 +52,19 @@ pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_WRITE_ZEROES: u16 = 6;
 
+/// The spec's name of a command, for messages.
+pub fn command_name(command: u16) -> &'static str {
+    match command {
+        CMD_READ => "READ",
+        CMD_WRITE => "WRITE",
+        CMD_DISC => "DISC",
+        CMD_FLUSH => "FLUSH",
+        CMD_TRIM => "TRIM",
+        CMD_WRITE_ZEROES => "WRITE_ZEROES",
+        _ => "an unknown command",
+    }
+}
+
 pub const CMD_FLAG_FUA: u16 = 1;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;

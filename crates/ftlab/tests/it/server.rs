@@ -769,3 +769,55 @@ fn a_failed_save_removes_its_partial_file_and_keeps_the_earlier_image() {
     );
     assert_eq!(std::fs::read(&image).unwrap(), b"the earlier image");
 }
+
+/// A bug that panics while a request executes (armed here by a test hook) must not leave the
+/// client waiting for a reply that never comes: the request is answered EIO, the device is
+/// marked failed, every later request on every connection is answered EIO with the reason,
+/// and the connections still end in order.
+#[test]
+fn a_panic_executing_a_request_fails_the_device_instead_of_hanging_its_clients() {
+    let device = device();
+    let (mut plain, plain_h) = Client::open(&device);
+    let (mut structured, structured_h) = Client::open_with(&device, true);
+    for c in [&plain, &structured] {
+        // Before the fix the client waited for ever; a reply must come well within this.
+        c.s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+    }
+    let data = vec![0x5au8; 4096];
+    assert_eq!(plain.request(p::CMD_WRITE, 0, 0, 4096, &data).0, 0);
+    assert_eq!(device.failure(), None);
+
+    device.panic_next_request_for_test();
+    assert_eq!(plain.request(p::CMD_WRITE, 0, 8192, 4096, &data).0, p::EIO);
+    let why = device.failure().expect("the device is marked failed");
+    assert!(why.contains("WRITE at offset 8192"), "{why}");
+
+    // Nothing executes any more, on either connection, and a structured client is told why.
+    assert_eq!(plain.request(p::CMD_READ, 0, 0, 4096, &[]).0, p::EIO);
+    assert_eq!(structured.request(p::CMD_READ, 0, 0, 4096, &[]).0, p::EIO);
+    assert!(
+        structured
+            .last_error_message
+            .contains("the device has failed: internal error"),
+        "{}",
+        structured.last_error_message
+    );
+    let (requests, _) = device.ftl_stats();
+    assert_eq!(
+        requests, 1,
+        "only the write before the panic reached the model"
+    );
+    assert_eq!(device.stats_json()["failure"].as_str(), Some(why));
+
+    // The connections end in order, and finishing names the failure.
+    drop(plain);
+    drop(structured);
+    assert_eq!(plain_h.join().unwrap(), Ok(()));
+    assert_eq!(structured_h.join().unwrap(), Ok(()));
+    let finished = device.finish().unwrap_err();
+    assert!(
+        finished.contains("the device failed: internal error"),
+        "{finished}"
+    );
+}
