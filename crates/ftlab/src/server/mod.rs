@@ -457,7 +457,10 @@ impl Device {
         // Unwind safety: after a panic nothing of the device is executed again (`failure`),
         // and only the counters and the store are read, for the statistics and the image.
         let run = std::panic::AssertUnwindSafe(|| {
-            if self.panic_next_request.swap(false, Ordering::SeqCst) {
+            // A load first: a swap on every request would be a locked instruction each.
+            if self.panic_next_request.load(Ordering::Relaxed)
+                && self.panic_next_request.swap(false, Ordering::SeqCst)
+            {
                 panic!("panic_next_request_for_test");
             }
             self.execute(r, payload, out, alone)
