@@ -1,5 +1,7 @@
 //! Arbitrary bytes as everything a client sends, through the whole NBD connection state machine
-//! (handshake, options, requests): errors close the connection, panics are bugs.
+//! (handshake, options, requests): errors close the connection, panics are bugs. The server
+//! catches a panic while a request executes (the device then fails, rather than hang its
+//! client), but libfuzzer-sys's panic hook aborts first, so such a panic is still reported.
 #![no_main]
 use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
 use ftlab::store::codec::Codec;
