@@ -155,9 +155,10 @@ pub struct Device {
     /// Set by `begin_shutdown`: requests are answered ESHUTDOWN.
     draining: AtomicBool,
     /// Set when executing a request panicked (a bug in ftlab): what panicked, where. From then
-    /// on every request is answered EIO, as a drive whose firmware asserted stays failed, rather
-    /// than executed on state the panic may have left half-updated; and the panicking request
-    /// is answered too, so its client does not wait forever for the reply.
+    /// on every request read is answered EIO, as a drive whose firmware asserted stays failed,
+    /// rather than executed on state the panic may have left half-updated (requests already
+    /// executing on other workers finish); and the panicking request is answered too, so its
+    /// client does not wait for ever for the reply.
     failure: OnceLock<String>,
     /// Armed by `panic_next_request_for_test`.
     panic_next_request: AtomicBool,
@@ -551,6 +552,7 @@ impl Device {
 
     /// Drains the FTL's write buffer (as a replay's end does) and flushes the record file; call
     /// before exiting.
+    ///
     /// After a failure (`failure`) the model is left as the panic left it, not drained, and
     /// the failure is the error.
     pub fn finish(&self) -> Result<(), String> {
@@ -1180,8 +1182,10 @@ fn error_message(request: &p::Request, errno: u32, failure: Option<&str>) -> Str
         _ => "error",
     };
     format!(
-        "ftlab: command {} at offset {} length {}: {what}",
-        request.command, request.offset, request.length
+        "ftlab: {} at offset {} length {}: {what}",
+        p::command_name(request.command),
+        request.offset,
+        request.length
     )
 }
 
