@@ -446,41 +446,21 @@ impl Device {
         self.failure.get().map(String::as_str)
     }
 
-    /// `execute`, with a panic caught: the device is marked failed and the request answered
-    /// EIO.
-    fn execute_or_fail(
-        &self,
-        r: &p::Request,
-        payload: &[u8],
-        out: &mut Vec<u8>,
-        alone: bool,
-    ) -> Result<u64, Errno> {
-        // Unwind safety: after a panic nothing of the device is executed again (`failure`),
-        // and only the counters and the store are read, for the statistics and the image.
-        let run = std::panic::AssertUnwindSafe(|| {
-            // A load first: a swap on every request would be a locked instruction each.
-            if self.panic_next_request.load(Ordering::Relaxed)
-                && self.panic_next_request.swap(false, Ordering::SeqCst)
-            {
-                panic!("panic_next_request_for_test");
-            }
-            self.execute(r, payload, out, alone)
-        });
-        std::panic::catch_unwind(run).unwrap_or_else(|panic| {
-            let why = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into());
-            let _ = self.failure.set(format!(
-                "internal error (a bug in ftlab) executing {} at offset {} length {}: {why}",
-                p::command_name(r.command),
-                r.offset,
-                r.length
-            ));
-            out.clear();
-            Err(p::EIO)
-        })
+    /// Marks the device failed: executing `r` panicked with `panic`. Returns the request's
+    /// answer, EIO.
+    fn fail(&self, r: &p::Request, panic: &(dyn std::any::Any + Send)) -> Errno {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        let _ = self.failure.set(format!(
+            "internal error (a bug in ftlab) executing {} at offset {} length {}: {why}",
+            p::command_name(r.command),
+            r.offset,
+            r.length
+        ));
+        p::EIO
     }
 
     /// The live statistics: the simulator's counters, the mapping table's DRAM and the store's
@@ -608,6 +588,12 @@ impl Device {
         out: &mut Vec<u8>,
         alone: bool,
     ) -> Result<u64, Errno> {
+        // A load first: a swap on every request would be a locked instruction each.
+        if self.panic_next_request.load(Ordering::Relaxed)
+            && self.panic_next_request.swap(false, Ordering::SeqCst)
+        {
+            panic!("panic_next_request_for_test");
+        }
         let ps = self.page_bytes as u64;
         // A flush names no range (clients send zeros; the spec asks nothing of a server that
         // gets more), so whatever it carries is ignored rather than added up: a large offset
@@ -1114,7 +1100,15 @@ fn answer(
     } else if request.command == p::CMD_READ && request.length > p::MAX_REQUEST_BYTES {
         Err(p::EINVAL)
     } else {
-        device.execute_or_fail(request, payload, out, alone)
+        // Unwind safety: after a panic nothing of the device is executed again (`failure`),
+        // and only its counters and store are read, for the statistics and the image.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            device.execute(request, payload, out, alone)
+        }))
+        .unwrap_or_else(|panic| {
+            out.clear();
+            Err(device.fail(request, &*panic))
+        })
     };
     match result {
         Ok(latency_ns) => {
