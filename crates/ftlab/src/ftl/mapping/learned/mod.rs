@@ -1344,8 +1344,18 @@ impl MappingTable for LearnedMapping {
         // rewrites pages the blob maps goes to the buffer too, though the blob might take some
         // of them in place: the next merge re-encodes the stream as one run, where writes in
         // place would keep the group's old layout (that path is for random overwrites).
+        // A write that continues the tail is at the span's first LPN if the span holds it at all
+        // (a span holds no buffered LPN, and the tail's last is the LPN before), so only that
+        // LPN is tried: no offset into the span, and 1-6 % fewer instructions for the nbdkit
+        // traces' updates (docs/mapping-log.md, "The update fast path tried at the span's first
+        // LPN only").
         let span = self.span.get();
-        if let Some(old) = span.get(lpn) {
+        debug_assert!(
+            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, ppn.into()),
+            "lpn {lpn} continues the tail inside the span {span:?}"
+        );
+        if lpn == span.lo && span.len != 0 {
+            let old = (span.ppn_lo != SPAN_UNMAPPED).then_some(span.ppn_lo);
             if old != Some(ppn) && self.defer_tail(lpn, u64::from(ppn)) {
                 self.live += u64::from(old.is_none());
                 return old;
@@ -1385,10 +1395,15 @@ impl MappingTable for LearnedMapping {
     fn remove(&mut self, lpn: u32) -> Option<u32> {
         // Trimming what is not mapped (most of a file system's discards) stays inline, and so
         // does a trim continuing the last one over pages the blob maps (a file deleted).
+        // As in `set`, a trim that continues the tail is at the span's first LPN.
         let span = self.span.get();
+        debug_assert!(
+            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, TRIM_KEY),
+            "lpn {lpn} continues the tail inside the span {span:?}"
+        );
         if let Some(old) = span.get(lpn) {
             let old = old?;
-            if !span.buffered && self.defer_tail(lpn, TRIM_KEY) {
+            if lpn == span.lo && !span.buffered && self.defer_tail(lpn, TRIM_KEY) {
                 self.live -= 1;
                 return Some(old);
             }
