@@ -1344,11 +1344,11 @@ impl MappingTable for LearnedMapping {
         // rewrites pages the blob maps goes to the buffer too, though the blob might take some
         // of them in place: the next merge re-encodes the stream as one run, where writes in
         // place would keep the group's old layout (that path is for random overwrites).
-        // A write that continues the tail is at the span's first LPN if the span holds it at all
-        // (a span holds no buffered LPN, and the tail's last is the LPN before), so only that
-        // LPN is tried: no offset into the span, and 1-6 % fewer instructions for the nbdkit
-        // traces' updates (docs/mapping-log.md, "The update fast path tried at the span's first
-        // LPN only").
+        // A write that continues the tail is at the span's first LPN if the span holds it at all:
+        // the LPN before it is the tail's last, which a span (one run, of the buffer or of the
+        // blob between buffered LPNs) holds only as its own last. So only that LPN is tried: no
+        // offset into the span, and 1-6 % fewer instructions for the nbdkit traces' updates
+        // (docs/mapping-log.md, "The update fast path tried at the span's first LPN only").
         let span = self.span.get();
         debug_assert!(
             lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, ppn.into()),
