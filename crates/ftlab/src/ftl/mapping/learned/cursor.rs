@@ -6,20 +6,23 @@
 use super::group;
 use super::GROUP_LPNS;
 
-/// The last lookup's answer for a whole range of LPNs (`lo..lo + len` map to consecutive PPNs
-/// from `ppn_lo`, or are all unmapped), from the buffer or the compressed layer: sequential
+/// The last lookup's answer for a whole range of LPNs (`lo..lo + len` map to consecutive PPNs,
+/// `lpn + ppn_off` each, or are all unmapped), from the buffer or the compressed layer: sequential
 /// lookups and updates skip the searches. It caches what the table maps, so merges (which change
 /// the representation, not the mapping) leave it valid; an update of an LPN inside it trims it.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Span {
     pub(super) lo: u32,
     pub(super) len: u32,
-    pub(super) ppn_lo: u32,
+    /// Each LPN's PPN less the LPN (64 bits, wrapping), the same over the whole span, so that
+    /// forgetting its first LPN (a stream of writes) moves `lo` and `len` only; `UNMAPPED_OFF`
+    /// for unmapped LPNs, which puts `lpn + ppn_off` above every u32.
+    pub(super) ppn_off: u64,
     pub(super) buffered: bool,
 }
 
-/// `Span::ppn_lo` of a span of unmapped LPNs.
-pub(super) const SPAN_UNMAPPED: u32 = u32::MAX;
+/// `Span::ppn_off` of unmapped LPNs: no PPN less an LPN (`u32::MAX - 1` at most) is this.
+const UNMAPPED_OFF: u64 = 1 << 32;
 
 /// Where the last span the compressed layer gave ended: the LPN after it, its place in the blob
 /// (`group::lookup_next`), and where the group's buffered runs after it begin. Forgotten by
@@ -44,11 +47,28 @@ impl Follow {
 }
 
 impl Span {
+    /// The span of `len` LPNs from `lo`, where `lpn` maps to `ppn` (all unmapped: `None`).
+    #[inline(always)]
+    pub(super) fn at(lo: u32, len: u32, lpn: u32, ppn: Option<u32>, buffered: bool) -> Span {
+        Span {
+            lo,
+            len,
+            ppn_off: ppn.map_or(UNMAPPED_OFF, |p| u64::from(p).wrapping_sub(u64::from(lpn))),
+            buffered,
+        }
+    }
+
     /// What `lpn` maps to (`Some(None)`: unmapped), if the span holds it.
     #[inline]
     pub(super) fn get(&self, lpn: u32) -> Option<Option<u32>> {
         let d = lpn.wrapping_sub(self.lo);
-        (d < self.len).then(|| (self.ppn_lo != SPAN_UNMAPPED).then(|| self.ppn_lo + d))
+        (d < self.len).then(|| self.ppn_of(lpn))
+    }
+
+    /// What `lpn` maps to, for an LPN the span holds.
+    #[inline(always)]
+    pub(super) fn ppn_of(&self, lpn: u32) -> Option<u32> {
+        u32::try_from(u64::from(lpn).wrapping_add(self.ppn_off)).ok()
     }
 
     /// Forgets `lpn` (about to change): keeps the part after it, or the part before it.
@@ -61,9 +81,6 @@ impl Span {
         if d == 0 {
             self.lo += 1;
             self.len -= 1;
-            if self.ppn_lo != SPAN_UNMAPPED {
-                self.ppn_lo += 1;
-            }
         } else {
             self.len = d;
         }

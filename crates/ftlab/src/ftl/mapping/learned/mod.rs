@@ -29,7 +29,7 @@ use bits::{
     clear_around, is_buffered_bit, runs_clear_around, runs_hold, set_bits, BitsPool, BufferedBits,
     BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
 };
-use cursor::{Follow, Span, SPAN_UNMAPPED};
+use cursor::{Follow, Span};
 use delta_index::DeltaIndex;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
@@ -53,58 +53,86 @@ pub const BUFFER_LIVE_DIVISOR: u64 = 16;
 /// ...but never more than this (8 MiB of runs at worst, on any device size).
 pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 
-/// Where the last buffered write can be continued without reading its run: writing `value` to
-/// `lpn` lengthens run `at` of delta `d` by one, while `lpn < bound` (the LPN before the group's
-/// next buffered run, which a longer run would reach or coalesce with, or the group's end).
-/// Kept by every buffered write; forgotten when a delta is dropped (indices move).
+/// Where the last buffered write can be continued without reading its run: writing `lpn` with
+/// the run's offset (`tail_off`) lengthens run `at` of delta `d` by one, while `lpn < bound` (the
+/// LPN before the group's next buffered run, which a longer run would reach or coalesce with, or
+/// the group's end). Kept by every buffered write; forgotten when a delta is dropped (indices
+/// move).
 ///
 /// `set` and `remove` continue it in a few registers: the run, its delta's count and the
 /// buffer's total are written once the stream ends (`pending` of them, `flush_tail`), and the
-/// buffer's bound is not checked per update (`budget`), so a sequential stream writes the tail
-/// and the cursor only. Everything else flushes first; `lookup_slow` adds `pending` to the run.
+/// buffer's bound is not checked per update (`limit`), so a sequential stream moves the tail's
+/// `lpn` and the cursor's front only. Everything else flushes first; `lookup_slow` adds
+/// `pending` to the run.
 #[derive(Clone, Copy, Debug)]
 struct Tail {
     lpn: u32,
-    /// The value that continues the run (`tail_key`): one more than its last PPN, or
-    /// `TRIM_KEY` for a run of trims. 64 bits, because a run ending at the last valid PPN
-    /// (`u32::MAX - 1`) is continued by no u32, while `u32::MAX` is the tombstone.
-    value: u64,
+    /// What continues the run (`tail_off`): its PPNs less their LPNs, the same for each of them,
+    /// or `TRIM_OFF` for a run of trims. Kept rather than the next PPN, so an append changes
+    /// `lpn` alone.
+    off: u64,
     bound: u32,
+    /// Where deferred appends stop: `bound`, or sooner, where they would use up the room
+    /// `merge_while_over_bound` leaves before the buffer could outgrow `buffer_bound`.
+    limit: u32,
+    /// `lpn` when the deferred appends were last written: `lpn - flushed` of them are pending
+    /// (counted so, the append increments `lpn` alone).
+    flushed: u32,
     d: u32,
     at: u32,
-    /// LPNs appended to run `at` whose counts are not written yet.
-    pending: u32,
-    /// How many may be appended without a merge check, since the last one
-    /// (`merge_while_over_bound`): few enough that the buffer cannot outgrow `buffer_bound`.
-    budget: u32,
 }
 
 impl Tail {
-    /// Whether writing `value` (`tail_key`) to `lpn` lengthens the tail's run by one.
+    /// Whether writing a value of offset `off` (`tail_off`) to `lpn` lengthens the tail's run
+    /// by one.
     #[inline(always)]
-    fn continued_by(&self, lpn: u32, value: u64) -> bool {
-        lpn == self.lpn && value == self.value && lpn < self.bound
+    fn continued_by(&self, lpn: u32, off: u64) -> bool {
+        lpn == self.lpn && off == self.off && lpn < self.bound
+    }
+
+    /// Appends to the run not yet written into it (`flush_tail`).
+    #[inline(always)]
+    fn pending(&self) -> u32 {
+        self.lpn - self.flushed
     }
 
     /// Continues nothing (`lpn < bound` never holds).
     const NONE: Tail = Tail {
         lpn: 0,
-        value: 0,
+        off: 0,
         bound: 0,
+        limit: 0,
+        flushed: 0,
         d: 0,
         at: 0,
-        pending: 0,
-        budget: 0,
     };
 }
 
-/// `Tail::value` of a run of trims: above every u32, so that no PPN continues it (and -1, an
-/// immediate x86-64 can compare and store in one instruction, where 2^32 takes two).
+/// `Tail::off` of a run of trims: no PPN less an LPN is this far from 0 either way.
+const TRIM_OFF: u64 = 1 << 63;
+
+/// What a run holding `value` at `lpn` keeps for every LPN (`Tail::off`): the PPN less the LPN
+/// (in 64 bits, wrapping, so that a run ending at the last valid PPN, `u32::MAX - 1`, is
+/// continued by no u32 PPN: its next would be `u32::MAX`, the tombstone), or `TRIM_OFF`.
+#[inline(always)]
+fn tail_off(lpn: u32, value: u32) -> u64 {
+    if value == TOMBSTONE {
+        TRIM_OFF
+    } else {
+        ppn_off(lpn, value)
+    }
+}
+
+/// `tail_off` of a PPN.
+#[inline(always)]
+fn ppn_off(lpn: u32, ppn: u32) -> u64 {
+    u64::from(ppn).wrapping_sub(u64::from(lpn))
+}
+
+/// A value as a key that cannot collide: a PPN as itself, a trim (`TOMBSTONE`) as
+/// `TRIM_KEY`, above every u32 (`DeltaRun::continues` compares this way).
 const TRIM_KEY: u64 = u64::MAX;
 
-/// A buffered value as a key that cannot collide: a PPN as itself, a trim (`TOMBSTONE`) as
-/// `TRIM_KEY`. `Tail` keeps what continues its run this way, and `DeltaRun::continues` compares
-/// this way.
 #[inline(always)]
 fn tail_key(value: u32) -> u64 {
     if value == TOMBSTONE {
@@ -122,12 +150,6 @@ fn key_after(key: u64, by: u32) -> u64 {
     } else {
         key + u64::from(by)
     }
-}
-
-/// `Tail::value` after run `r`: what continues it.
-#[inline]
-fn run_end_key(r: &DeltaRun) -> u64 {
-    key_after(tail_key(r.ppn), r.len())
 }
 
 /// The fewest runs a delta's list grows by (see `write_delta_slow`).
@@ -483,7 +505,7 @@ impl LearnedMapping {
 
     /// LPNs whose latest update is still in the buffer.
     pub fn buffered_entries(&self) -> u64 {
-        self.buffered_entries + u64::from(self.tail.pending)
+        self.buffered_entries + u64::from(self.tail.pending())
     }
 
     /// Checks the buffer's bookkeeping against its runs (tests call it after every update: a
@@ -521,15 +543,15 @@ impl LearnedMapping {
         assert_eq!(self.delta_index.len(), self.deltas.len());
         assert_eq!(self.bits_pool.in_use(), slots.len());
         assert_eq!(self.buffered_entries, total);
-        // The deferred appends continue the tail's run, and the budget kept them within the
+        // The deferred appends continue the tail's run, and the limit kept them within the
         // bound that checking after every update would keep.
         let t = self.tail;
-        if t.pending > 0 {
+        assert!(t.flushed <= t.lpn && t.lpn <= t.limit.max(t.flushed) && t.limit <= t.bound);
+        if t.pending() > 0 {
             let delta = &self.deltas[t.d as usize];
             let r = delta.runs[t.at as usize];
-            let end = (delta.group << GROUP_SHIFT) + r.start() + r.len() + t.pending;
+            let end = (delta.group << GROUP_SHIFT) + r.start() + r.len() + t.pending();
             assert_eq!(end, t.lpn, "deferred appends of group {}", delta.group);
-            assert!(t.pending <= t.budget);
         }
         assert!(
             self.buffered_entries() <= self.buffer_bound(),
@@ -609,9 +631,9 @@ impl LearnedMapping {
         let mut bits = None;
         if let Some(d) = delta {
             let t = &self.tail;
-            if t.pending != 0 && t.d == d {
+            if t.pending() != 0 && t.d == d {
                 p_hi = t.lpn - group_lpn;
-                p_lo = p_hi - t.pending;
+                p_lo = p_hi - t.pending();
             }
             let held;
             (held, bits) = self.delta_holds(d, off);
@@ -662,17 +684,13 @@ impl LearnedMapping {
         let i = runs::upper_spread(runs, off, GROUP_LPNS as u32);
         let mut r = runs[i - 1];
         let t = &self.tail;
-        if t.pending != 0 && (t.d, t.at) == (d, i as u32 - 1) {
-            r.len += t.pending as u16;
+        if t.pending() != 0 && (t.d, t.at) == (d, i as u32 - 1) {
+            r.len += t.pending() as u16;
         }
         debug_assert!(off - r.start() < r.len(), "lpn {lpn}");
-        self.span.set(Span {
-            lo: (lpn - off) + r.start(),
-            len: r.len(),
-            ppn_lo: r.ppn,
-            buffered: true,
-        });
         let ppn = (r.ppn != TOMBSTONE).then(|| r.ppn + (off - r.start()));
+        self.span
+            .set(Span::at((lpn - off) + r.start(), r.len(), lpn, ppn, true));
         (ppn, true)
     }
 
@@ -692,8 +710,8 @@ impl LearnedMapping {
         let t = &self.tail;
         let (mut below, mut above) = (None, None);
         for (k, r) in runs.iter().enumerate() {
-            let extra = if t.pending != 0 && (t.d, t.at) == (d, k as u32) {
-                t.pending
+            let extra = if t.pending() != 0 && (t.d, t.at) == (d, k as u32) {
+                t.pending()
             } else {
                 0
             };
@@ -738,12 +756,13 @@ impl LearnedMapping {
         let group_lpn = lpn - off;
         // The answer's span, within the offsets the buffer does not hold.
         let (span_lo, span_hi) = (lo.max(found.lo), hi.min(found.hi));
-        self.span.set(Span {
-            lo: group_lpn + span_lo,
-            len: span_hi - span_lo,
-            ppn_lo: found.ppn.map_or(SPAN_UNMAPPED, |p| p - (off - span_lo)),
-            buffered: false,
-        });
+        self.span.set(Span::at(
+            group_lpn + span_lo,
+            span_hi - span_lo,
+            lpn,
+            found.ppn,
+            false,
+        ));
         // (An empty group's span is the whole group: nothing follows it.)
         if found.hi < hi {
             self.follow.set(Follow {
@@ -834,46 +853,45 @@ impl LearnedMapping {
     #[inline(always)]
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
         let t = self.tail;
-        debug_assert_eq!(t.pending, 0);
-        let key = tail_key(value);
-        if !t.continued_by(lpn, key) {
+        debug_assert_eq!(t.pending(), 0);
+        if !t.continued_by(lpn, tail_off(lpn, value)) {
             return false;
         }
         let delta = &mut self.deltas[t.d as usize];
         let r = &mut delta.runs[t.at as usize];
+        let group_lpn = delta.group << GROUP_SHIFT;
         debug_assert_eq!(
-            (t.lpn & OFFSET_MASK, t.value),
-            (r.start() + r.len(), run_end_key(r))
+            (t.lpn & OFFSET_MASK, t.off),
+            (r.start() + r.len(), tail_off(group_lpn + r.start(), r.ppn))
         );
         r.len += 1;
         delta.entries += 1;
         self.bits_pool.set_bit(delta.bits, lpn & OFFSET_MASK, true);
         self.buffered_entries += 1;
-        self.step_tail(lpn, key);
+        self.step_tail(lpn);
+        self.tail.flushed = self.tail.lpn;
         true
     }
 
     /// `extend_tail` for `set` and `remove`: the run and the counts are written by
-    /// `flush_tail`, and no merge is due (`budget`). False, changing nothing, where it does not
-    /// apply. `key` is `tail_key` of the value: `set` passes its PPN, `remove` `TRIM_KEY`, each
-    /// a constant case once inlined.
+    /// `flush_tail`, and no merge is due (`limit`). False, changing nothing, where it does not
+    /// apply. `off` is `tail_off` of the value: `set` passes its PPN's, `remove` `TRIM_OFF`.
     #[inline(always)]
-    fn defer_tail(&mut self, lpn: u32, key: u64) -> bool {
-        let t = &mut self.tail;
-        if !t.continued_by(lpn, key) || t.pending >= t.budget {
+    fn defer_tail(&mut self, lpn: u32, off: u64) -> bool {
+        let t = &self.tail;
+        debug_assert!(t.limit <= t.bound);
+        if lpn != t.lpn || off != t.off || lpn >= t.limit {
             return false;
         }
-        t.pending += 1;
-        self.step_tail(lpn, key);
+        self.step_tail(lpn);
         true
     }
 
-    /// The tail now ends after `lpn` (just appended, holding `key`); the cursor and the
-    /// follow-on position no longer hold for it.
+    /// The tail now ends after `lpn` (just appended); the cursor and the follow-on position no
+    /// longer hold for it.
     #[inline(always)]
-    fn step_tail(&mut self, lpn: u32, key: u64) {
+    fn step_tail(&mut self, lpn: u32) {
         self.tail.lpn += 1;
-        self.tail.value = key_after(key, 1);
         self.span.get_mut().forget(lpn);
         self.follow.get_mut().lpn = 0;
     }
@@ -906,15 +924,16 @@ impl LearnedMapping {
     #[inline]
     fn flush_tail(&mut self) {
         let t = &mut self.tail;
-        let pending = t.pending;
+        let pending = t.pending();
         if pending == 0 {
             return;
         }
-        t.pending = 0;
-        t.budget -= pending;
-        if self.write_times.on && t.value != TRIM_KEY {
-            // The deferred appends were PPNs `value - pending .. value` (all below u32::MAX).
-            let (first, last) = ((t.value - u64::from(pending)) as u32, (t.value - 1) as u32);
+        let first_lpn = t.flushed;
+        t.flushed = t.lpn;
+        if self.write_times.on && t.off != TRIM_OFF {
+            // The deferred appends were LPNs `first_lpn..t.lpn`, each at its LPN plus `off`.
+            let off = t.off as u32;
+            let (first, last) = (first_lpn.wrapping_add(off), (t.lpn - 1).wrapping_add(off));
             let now = self.tick(pending);
             self.write_times.note(first, last, now);
         }
@@ -960,17 +979,18 @@ impl LearnedMapping {
         self.tail = match delta.runs.get(at) {
             Some(r) => Tail {
                 lpn: group_lpn + r.start() + r.len(),
-                value: run_end_key(r),
+                off: tail_off(group_lpn + r.start(), r.ppn),
                 // A next run starts after `r`'s start, so at 1 or later.
                 bound: group_lpn
                     + delta
                         .runs
                         .get(at + 1)
                         .map_or(GROUP_LPNS as u32, |next| next.start() - 1),
+                // No deferred appends until `merge_while_over_bound` gives the room.
+                limit: 0,
+                flushed: group_lpn + r.start() + r.len(),
                 d,
                 at: at as u32,
-                pending: 0,
-                budget: 0,
             },
             None => Tail::NONE,
         };
@@ -1114,7 +1134,7 @@ impl LearnedMapping {
 
     /// Removes delta `d` from the slab (swap-remove) and returns it; the peak counts it first.
     fn drop_delta(&mut self, d: u32) -> Delta {
-        debug_assert_eq!(self.tail.pending, 0);
+        debug_assert_eq!(self.tail.pending(), 0);
         self.note_peak();
         let delta = self.deltas.swap_remove(d as usize);
         self.bits_pool.free(delta.bits);
@@ -1130,11 +1150,11 @@ impl LearnedMapping {
         delta
     }
 
-    /// Merges until the buffer fits its bound, then gives the tail its budget. Every update that
-    /// changes the buffer, other than `defer_tail`, ends with it.
+    /// Merges until the buffer fits its bound, then gives the tail its budget (`Tail::limit`).
+    /// Every update that changes the buffer, other than `defer_tail`, ends with it.
     #[inline]
     fn merge_while_over_bound(&mut self) {
-        debug_assert_eq!(self.tail.pending, 0);
+        debug_assert_eq!(self.tail.pending(), 0);
         // Merges do not change the live count, so neither do they the bound.
         let bound = self.buffer_bound();
         let group_bound = self.buffer_group_bound(bound);
@@ -1147,7 +1167,9 @@ impl LearnedMapping {
         // of them take at most `k + ceil(k / d) <= 2k` of it. Merges therefore happen exactly when
         // checking after every update would make them. (A u32: the bound is at most 2^32.)
         debug_assert!(self.buffered_entries <= bound);
-        self.tail.budget = ((bound - self.buffered_entries) / 2) as u32;
+        let budget = ((bound - self.buffered_entries) / 2) as u32;
+        let t = &mut self.tail;
+        t.limit = t.bound.min(t.lpn.saturating_add(budget));
     }
 
     #[cold]
@@ -1240,7 +1262,7 @@ impl LearnedMapping {
     /// only the buffer's runs of two or more pages are tried, once each.
     fn settle_tail_run(&mut self) {
         let t = self.tail;
-        debug_assert_eq!(t.pending, 0);
+        debug_assert_eq!(t.pending(), 0);
         let Some(delta) = self.deltas.get(t.d as usize) else {
             return;
         };
@@ -1351,12 +1373,17 @@ impl MappingTable for LearnedMapping {
         // (docs/mapping-log.md, "The update fast path tried at the span's first LPN only").
         let span = self.span.get();
         debug_assert!(
-            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, ppn.into()),
+            lpn == span.lo
+                || span.get(lpn).is_none()
+                || !self.tail.continued_by(lpn, ppn_off(lpn, ppn)),
             "lpn {lpn} continues the tail inside the span {span:?}"
         );
         if lpn == span.lo && span.len != 0 {
-            let old = (span.ppn_lo != SPAN_UNMAPPED).then_some(span.ppn_lo);
-            if old != Some(ppn) && self.defer_tail(lpn, u64::from(ppn)) {
+            // A write of the PPN the span maps `lpn` to changes nothing, so it is not appended;
+            // offsets compare as PPNs would (the span's offset of unmapped LPNs is no PPN's).
+            let off = ppn_off(lpn, ppn);
+            if off != span.ppn_off && self.defer_tail(lpn, off) {
+                let old = span.ppn_of(lpn);
                 self.live += u64::from(old.is_none());
                 return old;
             }
@@ -1398,12 +1425,12 @@ impl MappingTable for LearnedMapping {
         // As in `set`, a trim that continues the tail is at the span's first LPN.
         let span = self.span.get();
         debug_assert!(
-            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, TRIM_KEY),
+            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, TRIM_OFF),
             "lpn {lpn} continues the tail inside the span {span:?}"
         );
         if let Some(old) = span.get(lpn) {
             let old = old?;
-            if lpn == span.lo && !span.buffered && self.defer_tail(lpn, TRIM_KEY) {
+            if lpn == span.lo && !span.buffered && self.defer_tail(lpn, TRIM_OFF) {
                 self.live -= 1;
                 return Some(old);
             }
