@@ -14,15 +14,23 @@ use super::GROUP_LPNS;
 pub(super) struct Span {
     pub(super) lo: u32,
     pub(super) len: u32,
-    /// Each LPN's PPN less the LPN (64 bits, wrapping), the same over the whole span, so that
-    /// forgetting its first LPN (a stream of writes) moves `lo` and `len` only; `UNMAPPED_OFF`
-    /// for unmapped LPNs, which puts `lpn + ppn_off` above every u32.
+    /// Each LPN's PPN less the LPN (`ppn_off`), the same over the whole span, so that
+    /// forgetting its first LPN (a stream of writes) moves `lo` and `len` only; `NO_PPN_OFF`
+    /// where its LPNs are unmapped.
     pub(super) ppn_off: u64,
     pub(super) buffered: bool,
 }
 
-/// `Span::ppn_off` of unmapped LPNs: no PPN less an LPN (`u32::MAX - 1` at most) is this.
-const UNMAPPED_OFF: u64 = 1 << 32;
+/// A PPN less its LPN, as the lookup cursor (`Span`) and the buffer's tail keep a run: the same
+/// for every LPN of the run, and 2^32 more than the difference, so that it is never 0 (the PPN
+/// is `lpn + ppn_off` in u32 arithmetic all the same).
+#[inline(always)]
+pub(super) fn ppn_off(lpn: u32, ppn: u32) -> u64 {
+    (u64::from(ppn) | 1 << 32) - u64::from(lpn)
+}
+
+/// No PPN's `ppn_off`: unmapped LPNs, trims. 0, which the hot paths test for with no constant.
+pub(super) const NO_PPN_OFF: u64 = 0;
 
 /// Where the last span the compressed layer gave ended: the LPN after it, its place in the blob
 /// (`group::lookup_next`), and where the group's buffered runs after it begin. Forgotten by
@@ -53,7 +61,7 @@ impl Span {
         Span {
             lo,
             len,
-            ppn_off: ppn.map_or(UNMAPPED_OFF, |p| u64::from(p).wrapping_sub(u64::from(lpn))),
+            ppn_off: ppn.map_or(NO_PPN_OFF, |p| ppn_off(lpn, p)),
             buffered,
         }
     }
@@ -68,7 +76,7 @@ impl Span {
     /// What `lpn` maps to, for an LPN the span holds.
     #[inline(always)]
     pub(super) fn ppn_of(&self, lpn: u32) -> Option<u32> {
-        u32::try_from(u64::from(lpn).wrapping_add(self.ppn_off)).ok()
+        (self.ppn_off != NO_PPN_OFF).then(|| lpn.wrapping_add(self.ppn_off as u32))
     }
 
     /// Forgets `lpn` (about to change): keeps the part after it, or the part before it.

@@ -29,7 +29,7 @@ use bits::{
     clear_around, is_buffered_bit, runs_clear_around, runs_hold, set_bits, BitsPool, BufferedBits,
     BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
 };
-use cursor::{Follow, Span};
+use cursor::{ppn_off, Follow, Span, NO_PPN_OFF};
 use delta_index::DeltaIndex;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
@@ -67,9 +67,9 @@ pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 #[derive(Clone, Copy, Debug)]
 struct Tail {
     lpn: u32,
-    /// What continues the run (`tail_off`): its PPNs less their LPNs, the same for each of them,
-    /// or `TRIM_OFF` for a run of trims. Kept rather than the next PPN, so an append changes
-    /// `lpn` alone.
+    /// What continues the run (`tail_off`): its PPNs less their LPNs (`ppn_off`), the same for
+    /// each of them, or `NO_PPN_OFF` for a run of trims. Kept rather than the next PPN, so an
+    /// append changes `lpn` alone.
     off: u64,
     bound: u32,
     /// Where deferred appends stop: `bound`, or sooner, where they would use up the room
@@ -108,25 +108,16 @@ impl Tail {
     };
 }
 
-/// `Tail::off` of a run of trims: no PPN less an LPN is this far from 0 either way.
-const TRIM_OFF: u64 = 1 << 63;
-
-/// What a run holding `value` at `lpn` keeps for every LPN (`Tail::off`): the PPN less the LPN
-/// (in 64 bits, wrapping, so that a run ending at the last valid PPN, `u32::MAX - 1`, is
-/// continued by no u32 PPN: its next would be `u32::MAX`, the tombstone), or `TRIM_OFF`.
+/// What a run holding `value` at `lpn` keeps for every LPN (`Tail::off`): `ppn_off`, or
+/// `NO_PPN_OFF` for a trim. (In 64 bits, a run ending at the last valid PPN, `u32::MAX - 1`, is
+/// continued by no u32 PPN: its next would be `u32::MAX`, the tombstone.)
 #[inline(always)]
 fn tail_off(lpn: u32, value: u32) -> u64 {
     if value == TOMBSTONE {
-        TRIM_OFF
+        NO_PPN_OFF
     } else {
         ppn_off(lpn, value)
     }
-}
-
-/// `tail_off` of a PPN.
-#[inline(always)]
-fn ppn_off(lpn: u32, ppn: u32) -> u64 {
-    u64::from(ppn).wrapping_sub(u64::from(lpn))
 }
 
 /// A value as a key that cannot collide: a PPN as itself, a trim (`TOMBSTONE`) as
@@ -875,7 +866,7 @@ impl LearnedMapping {
 
     /// `extend_tail` for `set` and `remove`: the run and the counts are written by
     /// `flush_tail`, and no merge is due (`limit`). False, changing nothing, where it does not
-    /// apply. `off` is `tail_off` of the value: `set` passes its PPN's, `remove` `TRIM_OFF`.
+    /// apply. `off` is `tail_off` of the value: `set` passes its PPN's, `remove` `NO_PPN_OFF`.
     #[inline(always)]
     fn defer_tail(&mut self, lpn: u32, off: u64) -> bool {
         let t = &self.tail;
@@ -930,7 +921,7 @@ impl LearnedMapping {
         }
         let first_lpn = t.flushed;
         t.flushed = t.lpn;
-        if self.write_times.on && t.off != TRIM_OFF {
+        if self.write_times.on && t.off != NO_PPN_OFF {
             // The deferred appends were LPNs `first_lpn..t.lpn`, each at its LPN plus `off`.
             let off = t.off as u32;
             let (first, last) = (first_lpn.wrapping_add(off), (t.lpn - 1).wrapping_add(off));
@@ -1425,12 +1416,12 @@ impl MappingTable for LearnedMapping {
         // As in `set`, a trim that continues the tail is at the span's first LPN.
         let span = self.span.get();
         debug_assert!(
-            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, TRIM_OFF),
+            lpn == span.lo || span.get(lpn).is_none() || !self.tail.continued_by(lpn, NO_PPN_OFF),
             "lpn {lpn} continues the tail inside the span {span:?}"
         );
         if let Some(old) = span.get(lpn) {
             let old = old?;
-            if lpn == span.lo && !span.buffered && self.defer_tail(lpn, TRIM_OFF) {
+            if lpn == span.lo && !span.buffered && self.defer_tail(lpn, NO_PPN_OFF) {
                 self.live -= 1;
                 return Some(old);
             }
