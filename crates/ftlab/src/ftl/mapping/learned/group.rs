@@ -1569,16 +1569,14 @@ pub enum Encoding {
     Patched,
 }
 
-/// A hint that offset `off` of blob `b` will be read soon: in bitmap words, the lines of its
-/// word (a read of the first line, which holds the tag); otherwise the first line, where every
-/// lookup starts.
+/// A hint that offset `off` of blob `b` will be read soon: its first line, where every lookup
+/// starts, and the lines bitmap words would keep `off`'s word in, without reading the blob to
+/// learn whether it is bitmap words (its first line is itself likely a miss, and a branch on it
+/// held the caller: docs/mapping-log.md, "Prefetches that do not read the blob").
 #[inline]
 pub fn prefetch(b: &[u8], off: u32) {
-    if encoding(b) == Encoding::Words {
-        words::prefetch(b, off);
-    } else {
-        super::super::prefetch_line(b.as_ptr());
-    }
+    super::super::prefetch_line(b.as_ptr());
+    words::prefetch(b, off);
 }
 
 /// The second stage of `prefetch`, once its lines are in: in bitmap words, the line of the

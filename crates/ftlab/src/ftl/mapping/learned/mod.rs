@@ -1456,9 +1456,11 @@ impl MappingTable for LearnedMapping {
 
     #[inline]
     fn prefetch(&self, lpn: u32) {
-        // The blob's lines that can be found without reading a missed line (in bitmap words, the
-        // offset's word). The directory entry is read, not prefetched: at most 6 bytes per
-        // group, a few KiB (cached) on the simulator's devices.
+        // The blob's lines that can be found without reading a missed line (its first line, and
+        // in bitmap words the offset's word: `group::prefetch` does not read the blob). The
+        // directory entry is read, not prefetched: at most 6 bytes per group, a few KiB on the
+        // simulator's devices, though not always still cached (docs/mapping-log.md, "Prefetches
+        // that do not read the blob").
         // Prefetching the buffered runs' first search positions too gained nothing measurable
         // in `ftlab sim --set ftl.mapping=learned`, for GC moves or host requests (the probe to
         // find them waits on memory itself: docs/mapping-log.md).

@@ -326,12 +326,15 @@ pub fn move_run_in_place(b: &mut [u8], off: u32, len: u32, ppn: u32) -> bool {
 }
 
 /// A hint that offset `off` of blob `b` will be read soon: the lines of its word (24 bytes,
-/// which may straddle two).
+/// which may straddle two). Also called for blobs of other encodings, whose bytes there (or
+/// past whose end) are no word: a prefetch is a hint, so the pointers are not bounded by `b`.
 #[inline]
 pub fn prefetch(b: &[u8], off: u32) {
-    let at = WORDS_AT + WORD_BYTES * (off as usize / 64);
-    crate::ftl::mapping::prefetch_line(b[at..].as_ptr());
-    crate::ftl::mapping::prefetch_line(b[at + WORD_BYTES - 1..].as_ptr());
+    let word = b
+        .as_ptr()
+        .wrapping_add(WORDS_AT + WORD_BYTES * (off as usize / 64));
+    crate::ftl::mapping::prefetch_line(word);
+    crate::ftl::mapping::prefetch_line(word.wrapping_add(WORD_BYTES - 1));
 }
 
 /// A hint that offset `off` of blob `b` will be read soon, once `prefetch` brought its word:
