@@ -109,8 +109,9 @@ impl Tail {
 }
 
 /// What a run holding `value` at `lpn` keeps for every LPN (`Tail::off`): `ppn_off`, or
-/// `NO_PPN_OFF` for a trim. (In 64 bits, a run ending at the last valid PPN, `u32::MAX - 1`, is
-/// continued by no u32 PPN: its next would be `u32::MAX`, the tombstone.)
+/// `NO_PPN_OFF` for a trim, which no PPN's offset equals. (A run ending at the last valid PPN,
+/// `u32::MAX - 1`, would be continued only by `u32::MAX`, the tombstone, which is never a PPN
+/// written: a trim's offset is `NO_PPN_OFF`.)
 #[inline(always)]
 fn tail_off(lpn: u32, value: u32) -> u64 {
     if value == TOMBSTONE {
