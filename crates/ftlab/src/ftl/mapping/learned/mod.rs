@@ -108,39 +108,16 @@ impl Tail {
     };
 }
 
-/// What a run holding `value` at `lpn` keeps for every LPN (`Tail::off`): `ppn_off`, or
-/// `NO_PPN_OFF` for a trim, which no PPN's offset equals. (A run ending at the last valid PPN,
-/// `u32::MAX - 1`, would be continued only by `u32::MAX`, the tombstone, which is never a PPN
-/// written: a trim's offset is `NO_PPN_OFF`.)
+/// What a run holding `value` at `lpn` keeps for every LPN (`Tail::off`; `DeltaRun::continues`
+/// compares runs this way too): `ppn_off`, or `NO_PPN_OFF` for a trim, which no PPN's offset
+/// equals. So a trim continues only trims, and a PPN only PPNs: a run ending at the last valid
+/// PPN (`u32::MAX - 1`) would be continued only by `u32::MAX`, which is the tombstone.
 #[inline(always)]
 fn tail_off(lpn: u32, value: u32) -> u64 {
     if value == TOMBSTONE {
         NO_PPN_OFF
     } else {
         ppn_off(lpn, value)
-    }
-}
-
-/// A value as a key that cannot collide: a PPN as itself, a trim (`TOMBSTONE`) as
-/// `TRIM_KEY`, above every u32 (`DeltaRun::continues` compares this way).
-const TRIM_KEY: u64 = u64::MAX;
-
-#[inline(always)]
-fn tail_key(value: u32) -> u64 {
-    if value == TOMBSTONE {
-        TRIM_KEY
-    } else {
-        u64::from(value)
-    }
-}
-
-/// The key `by` LPNs after one holding `key` in the same run: PPNs count up, trims stay trims.
-#[inline(always)]
-fn key_after(key: u64, by: u32) -> u64 {
-    if key == TRIM_KEY {
-        key
-    } else {
-        key + u64::from(by)
     }
 }
 
@@ -206,11 +183,12 @@ impl Run for DeltaRun {
             value + by
         }
     }
-    /// A trim continues only trims, and a PPN only PPNs: a run ending at the last valid PPN
-    /// (`u32::MAX - 1`) advances to `u32::MAX`, which is the tombstone, not its next PPN.
+    /// The same offset (`tail_off`) `by` keys on: a trim continues only trims, and a PPN only
+    /// PPNs (a run ending at the last valid PPN, `u32::MAX - 1`, advances to `u32::MAX`, which is
+    /// the tombstone, not its next PPN).
     #[inline]
     fn continues(value: u32, by: u32, next: u32) -> bool {
-        key_after(tail_key(value), by) == tail_key(next)
+        tail_off(0, value) == tail_off(by, next)
     }
 }
 
