@@ -10,7 +10,9 @@
 //!
 //! Then, for a cache of decoded blocks of 16, 64 or 256 LPNs holding a quarter, a sixteenth or a
 //! sixty-fourth of the live mappings' worth of LPNs (least recently used out), how many of the
-//! misses land in a cached block ("A cache of decoded blocks" in the log).
+//! misses land in a cached block ("A cache of decoded blocks" in the log); and how many lookups
+//! leave an aligned window of 64 LPNs, the one such block a one-entry decoded window would hold
+//! ("Checks at c208f86").
 //!
 //! ```text
 //! cargo build --release --example miss_groups
@@ -153,5 +155,17 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
+    // A one-entry window: every lookup outside the last one's aligned block of 64 LPNs misses,
+    // whether or not it leaves its run.
+    let window_misses = ops
+        .gets
+        .iter()
+        .scan(u32::MAX, |window, &lpn| {
+            let left = lpn >> 6 != *window;
+            *window = lpn >> 6;
+            Some(u64::from(left))
+        })
+        .sum::<u64>();
+    println!("lookups leaving an aligned window of 64 LPNs (one entry): {window_misses}");
     Ok(())
 }
