@@ -1,6 +1,6 @@
 //! The binary as users run it.
 
-use crate::support::{ftlab, temp_dir};
+use crate::support::{ftlab, temp_dir, trace};
 use std::process::Command;
 
 #[test]
@@ -300,6 +300,66 @@ fn mapbench_compares_every_table_and_writes_the_documented_json() {
         trace,
     ]);
     assert!(!ok && stderr.contains("--spare-factor"), "{stderr}");
+}
+
+/// `scripts/mapping_speed.sh`, which the README's speed table cites, still reads what `mapbench
+/// --json` writes: rounds of separate runs summed up as medians and ranges.
+#[test]
+fn the_speed_table_script_summarises_rounds_of_mapbench() {
+    let dir = temp_dir("cli-mapping-speed");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/mapping_speed.sh"
+    );
+    let sample = trace("msr-hm0-sample.csv");
+    let run = |rounds: &str| {
+        Command::new(script)
+            .arg(rounds)
+            .arg(&sample)
+            .env("FTLAB", env!("CARGO_BIN_EXE_ftlab"))
+            .env("WORK", dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = run("2");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("over 2 round(s)"), "{stdout}");
+    // Each of the three tables (ratios, rates, bytes) has a row for the trace; the first's
+    // ratios are log-head / simulator.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| msr-hm0-sample.csv | "))
+        .collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    // The bytes are mapbench's own (they do not depend on timing).
+    let json = crate::support::read_json(dir.join("r1-t0.json"));
+    let learned = json[0]["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "learned")
+        .unwrap();
+    let bytes = learned["bytes_per_live_mapping"].as_f64().unwrap();
+    assert!(
+        rows[2].contains(&format!(" | {bytes:.3} | ")),
+        "{}",
+        rows[2]
+    );
+    let get = rows[0].split(" | ").nth(1).unwrap();
+    let (log_head, simulator) = get.split_once(" / ").unwrap();
+    for ratio in [log_head, simulator] {
+        let median = ratio.split('x').next().unwrap();
+        assert!(median.parse::<f64>().is_ok_and(|r| r > 0.0), "{rows:?}");
+    }
+    // Two rounds, each with both PPN sources.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
+    let out = run("0");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ROUNDS"));
 }
 
 /// `--tile-to`: the trace's pattern repeated over a device a whole number of times its size,
