@@ -2,10 +2,13 @@
 # Reproduces the README's speed table of the mapping tables ("The learned table's targets"): runs
 # `ftlab mapbench --ppns both --repeat 5 --json F TRACE` ROUNDS times over each trace, one process
 # per run, and prints each figure as the median [min-max] over the rounds. Separate processes,
-# because code placement and the machine move a whole process's rates together (docs/mapping.md,
-# "`ftlab mapbench`"); within one, `--repeat` already keeps the fastest of five runs. Run it on an
-# otherwise idle machine: every rate is compared with the flat u64 array's of the same run, but a
-# busy second core still moves the ratios. About 2 minutes a round for the three nbdkit traces.
+# because a process's rates move together (where its memory landed, what else the host ran then);
+# within one, `--repeat` already keeps the fastest of five runs. Run it on an otherwise idle
+# machine: every rate is compared with the flat u64 array's of the same run, but a busy second
+# core still moves the ratios. Between builds, code placement alone moves the array's rates by up
+# to 15 % (docs/mapping.md, "`ftlab mapbench`"); a build with RUSTFLAGS="-C
+# llvm-args=-align-loops=64" (and FTLAB pointing at it) holds them steadier. About a minute a
+# round for the three nbdkit traces.
 #
 # usage: scripts/mapping_speed.sh [ROUNDS [TRACE...]]   (default 6 rounds, the nbdkit traces)
 # Environment: FTLAB (default target/release/ftlab; build it first), WORK (where the JSON files go;
