@@ -50,12 +50,15 @@ runs = defaultdict(list)  # (trace, ppns) -> one {table name: row} per round
 fractions = defaultdict(list)
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "r*-t*.json"))):
     for run in json.load(open(f)):
-        key = (os.path.basename(run["trace"]), run["ppns"])
+        key = (run["trace"], run["ppns"])
         runs[key].append({t["name"]: t for t in run["tables"]})
         fractions[key].append(run["compressed_get_fraction"])
 
 def spread(values, digits, unit=""):
     """median [min-max], or the value alone when they agree at this precision."""
+    values = [v for v in values if v is not None]  # null: a phase with no operations
+    if not values:
+        return "-"
     med, lo, hi = (f"{v:.{digits}f}" for v in (statistics.median(values), min(values), max(values)))
     return med + unit if lo == hi else f"{med}{unit} [{lo}-{hi}]"
 
@@ -77,7 +80,7 @@ for t in traces:
     p99 = " / ".join(col(x, "learned", "get_p99_ns", 0) for x in k)
     p99 += f" ({col(k[0], 'flat-u64', 'get_p99_ns', 0)})"
     hash_ = " / ".join(col(k[0], "hash", "vs_flat_u64", 2, f, "x") for f in ("get", "set"))
-    print(f"| {t} | {get} | {set_} | {p99} | {hash_} |")
+    print(f"| {os.path.basename(t)} | {get} | {set_} | {p99} | {hash_} |")
 print()
 print("| trace | learned GET / SET / random GET M/s, log-head | learned SET M/s, simulator | array GET / SET M/s, log-head | learned SET p99.99 us, log-head / simulator | compressed GET fraction | random GET p99 ns, learned (array) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
@@ -85,9 +88,10 @@ for t in traces:
     lh, sim = (t, "log-head"), (t, "simulator")
     mine = " / ".join(col(lh, "learned", f, 1) for f in ("get_mops", "set_mops", "get_random_mops"))
     array = " / ".join(col(lh, "flat-u64", f, 0) for f in ("get_mops", "set_mops"))
-    p9999 = " / ".join(spread([r["learned"]["set_p9999_ns"] / 1000 for r in runs[x]], 1) for x in (lh, sim))
+    us = lambda ns: None if ns is None else ns / 1000
+    p9999 = " / ".join(spread([us(r["learned"]["set_p9999_ns"]) for r in runs[x]], 1) for x in (lh, sim))
     rand = f"{col(lh, 'learned', 'get_random_p99_ns', 0)} ({col(lh, 'flat-u64', 'get_random_p99_ns', 0)})"
-    print(f"| {t} | {mine} | {col(sim, 'learned', 'set_mops', 1)} | {array} | {p9999} | {spread(fractions[lh], 3)} | {rand} |")
+    print(f"| {os.path.basename(t)} | {mine} | {col(sim, 'learned', 'set_mops', 1)} | {array} | {p9999} | {spread(fractions[lh], 3)} | {rand} |")
 print()
 # Bytes do not depend on timing: every round gives the same, so the first round's are printed.
 names = list(runs[(traces[0], "log-head")][0])
@@ -96,5 +100,5 @@ print("|---|" + "---:|" * (len(names) + 1))
 for t in traces:
     first = runs[(t, "log-head")][0]
     cells = [f"{first[n]['bytes_per_live_mapping']:.3f}" for n in names]
-    print(f"| {t} | " + " | ".join(cells) + f" | {first['learned']['bytes_peak']} |")
+    print(f"| {os.path.basename(t)} | " + " | ".join(cells) + f" | {first['learned']['bytes_peak']} |")
 PY
