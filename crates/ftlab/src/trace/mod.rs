@@ -90,6 +90,8 @@ pub enum TraceError {
     },
     #[error("{path}: cannot tell the trace format from its first lines; name it with --format msr|nbdkit|disksim|blkparse|fio")]
     UnknownFormat { path: String },
+    #[error("{path}: the trace is empty (no line but blank ones), so it has no requests and no format to tell")]
+    Empty { path: String },
 }
 
 /// Simulated time stays far from u64 overflow: no trace may span more than this.
@@ -203,7 +205,12 @@ impl TraceReader {
                 let mut head = open_maybe_gzip(path)?;
                 let mut lines = Vec::new();
                 let mut buf = Vec::new();
-                for _ in 0..32 {
+                let mut ended = false;
+                // The first 32 lines with something on them (blank ones do not count, up to a
+                // point: a file of nothing else is not read to its end here).
+                let mut read = 0;
+                while lines.len() < 32 && read < 65_536 {
+                    read += 1;
                     buf.clear();
                     let n = head
                         .read_until(b'\n', &mut buf)
@@ -212,14 +219,20 @@ impl TraceReader {
                             cause,
                         })?;
                     if n == 0 {
+                        ended = true;
                         break;
                     }
-                    lines.push(String::from_utf8_lossy(&buf).into_owned());
+                    if !buf.trim_ascii().is_empty() {
+                        lines.push(String::from_utf8_lossy(&buf).into_owned());
+                    }
+                }
+                let path_text = || path.display().to_string();
+                if ended && lines.is_empty() {
+                    return Err(TraceError::Empty { path: path_text() });
                 }
                 let refs: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
-                guess_format(&refs).ok_or_else(|| TraceError::UnknownFormat {
-                    path: path.display().to_string(),
-                })?
+                guess_format(&refs)
+                    .ok_or_else(|| TraceError::UnknownFormat { path: path_text() })?
             }
         };
         Ok(Self {

@@ -97,6 +97,30 @@ fn errors_name_what_is_wrong_and_nothing_panics() {
     assert!(!ok && err.matches("os error 2").count() == 1, "{err}");
     let (ok, _, err) = ftlab(&["mapbench", dir.join("missing.csv").to_str().unwrap()]);
     assert!(!ok && err.matches("missing.csv").count() == 1, "{err}");
+    // An empty trace (or one of blank lines only) is called empty, not of an unknown format; one
+    // whose first 32 lines are blank is read on.
+    for (name, text) in [("empty.csv", ""), ("blank.csv", "\n \n")] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        for cmd in [&["sim", "--trace"][..], &["mapbench"][..]] {
+            let (ok, _, err) = ftlab(&[cmd, &[path.to_str().unwrap()][..]].concat());
+            assert!(
+                !ok && err.contains(&format!("{name}: the trace is empty")),
+                "{err}"
+            );
+        }
+    }
+    let late = dir.join("late.csv");
+    std::fs::write(
+        &late,
+        format!(
+            "{}128166372003061629,hm,0,Write,0,4096,100\n",
+            "\n".repeat(40)
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = ftlab(&["sim", "--trace", late.to_str().unwrap()]);
+    assert!(ok && out.contains("WAF"), "{err}");
 }
 
 #[test]
