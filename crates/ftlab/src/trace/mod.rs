@@ -155,6 +155,39 @@ pub fn guess_format(lines: &[&str]) -> Option<TraceFormat> {
     None
 }
 
+/// The format of the trace `head` reads, guessed from its first 32 lines that are not blank
+/// (blank ones do not count, up to a point: a file of nothing else is not read to its end here).
+/// `path` names the trace in errors.
+pub fn detect_format(head: &mut dyn BufRead, path: &Path) -> Result<TraceFormat, TraceError> {
+    let path_text = || path.display().to_string();
+    let mut lines = Vec::new();
+    let mut buf = Vec::new();
+    let mut ended = false;
+    let mut read = 0;
+    while lines.len() < 32 && read < 65_536 {
+        read += 1;
+        buf.clear();
+        let n = head
+            .read_until(b'\n', &mut buf)
+            .map_err(|cause| TraceError::Io {
+                path: path_text(),
+                cause,
+            })?;
+        if n == 0 {
+            ended = true;
+            break;
+        }
+        if !buf.trim_ascii().is_empty() {
+            lines.push(String::from_utf8_lossy(&buf).into_owned());
+        }
+    }
+    if ended && lines.is_empty() {
+        return Err(TraceError::Empty { path: path_text() });
+    }
+    let refs: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
+    guess_format(&refs).ok_or_else(|| TraceError::UnknownFormat { path: path_text() })
+}
+
 fn open_maybe_gzip(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
     let io = |cause| TraceError::Io {
         path: path.display().to_string(),
@@ -201,44 +234,28 @@ impl TraceReader {
     ) -> Result<Self, TraceError> {
         let format = match format {
             Some(f) => f,
-            None => {
-                let mut head = open_maybe_gzip(path)?;
-                let mut lines = Vec::new();
-                let mut buf = Vec::new();
-                let mut ended = false;
-                // The first 32 lines with something on them (blank ones do not count, up to a
-                // point: a file of nothing else is not read to its end here).
-                let mut read = 0;
-                while lines.len() < 32 && read < 65_536 {
-                    read += 1;
-                    buf.clear();
-                    let n = head
-                        .read_until(b'\n', &mut buf)
-                        .map_err(|cause| TraceError::Io {
-                            path: path.display().to_string(),
-                            cause,
-                        })?;
-                    if n == 0 {
-                        ended = true;
-                        break;
-                    }
-                    if !buf.trim_ascii().is_empty() {
-                        lines.push(String::from_utf8_lossy(&buf).into_owned());
-                    }
-                }
-                let path_text = || path.display().to_string();
-                if ended && lines.is_empty() {
-                    return Err(TraceError::Empty { path: path_text() });
-                }
-                let refs: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
-                guess_format(&refs)
-                    .ok_or_else(|| TraceError::UnknownFormat { path: path_text() })?
-            }
+            None => detect_format(&mut *open_maybe_gzip(path)?, path)?,
         };
-        Ok(Self {
+        Ok(Self::from_reader(
+            path,
+            format,
+            open_maybe_gzip(path)?,
+            skip_bad_lines,
+        ))
+    }
+
+    /// A reader of the lines `reader` gives (decompressed already), in `format`; `path` names
+    /// them in errors.
+    pub fn from_reader(
+        path: &Path,
+        format: TraceFormat,
+        reader: Box<dyn BufRead>,
+        skip_bad_lines: bool,
+    ) -> Self {
+        Self {
             path: path.to_path_buf(),
             format,
-            reader: open_maybe_gzip(path)?,
+            reader,
             buf: Vec::with_capacity(256),
             line_no: 0,
             state: ParserState::default(),
@@ -248,7 +265,7 @@ impl TraceReader {
             last_arrival_ns: 0,
             requests: 0,
             finished: false,
-        })
+        }
     }
 
     pub fn format(&self) -> TraceFormat {
@@ -394,9 +411,9 @@ pub(crate) fn sectors(n: u64, field: &'static str) -> Result<u64, FieldError> {
         .ok_or_else(|| FieldError::new(field, "sector number overflows 64-bit bytes"))
 }
 
-/// Feeds arbitrary bytes through a parser, line by line as the reader does, then through the
-/// whole reader from a file. Used by the cargo fuzz targets (`fuzz/`) and the garbage tests; it
-/// must never panic.
+/// Feeds arbitrary bytes through a parser, line by line, then through the whole reader
+/// (`TraceReader`), in `format` and in the format guessed from them, if any. Used by the cargo
+/// fuzz targets (`fuzz/`) and the garbage tests; it must never panic.
 pub fn fuzz_one(format: TraceFormat, data: &[u8]) {
     let mut state = ParserState::default();
     for line in data.split(|&b| b == b'\n') {
@@ -408,6 +425,26 @@ pub fn fuzz_one(format: TraceFormat, data: &[u8]) {
                 }
             }
         }
+    }
+    let path = Path::new("fuzz-input");
+    let guessed = detect_format(&mut &data[..], path).ok();
+    let runs = [(format, false), (format, true)]
+        .into_iter()
+        .chain(guessed.map(|g| (g, true)));
+    for (format, skip_bad_lines) in runs {
+        let bytes = Box::new(std::io::Cursor::new(data.to_vec()));
+        let mut reader = TraceReader::from_reader(path, format, bytes, skip_bad_lines);
+        let mut last_ns = 0;
+        // Skipping bad lines, the reader reads to the end; otherwise to the first bad line.
+        while let Ok(Some(r)) = reader.next_request() {
+            // Arrivals are relative to the first request, never go back and stay in range.
+            assert!(r.arrival_ns >= last_ns && r.arrival_ns <= MAX_TRACE_SPAN_NS);
+            last_ns = r.arrival_ns;
+            if r.op == crate::request::Op::Flush {
+                assert_eq!(r.length_bytes, 0);
+            }
+        }
+        assert!(reader.bad_lines() <= reader.line_number());
     }
 }
 

@@ -304,4 +304,31 @@ fn garbage_never_panics_any_parser() {
             let _ = parse_line(format, &line, &mut state);
         }
     }
+    // Whole files of it (the alphabet has newlines), through the reader and the format's guess,
+    // as the fuzz targets feed them; and lines of each format with garbage among them.
+    let samples = [
+        "128166372003061629,hm,0,Write,0,4096,100",
+        "2024-01-01 00:00:00.000001 connection=1 Write id=1 offset=0x1000 count=0x1000 fua=0 ...",
+        "0 0 8 8 0",
+        "  8,0    1        1     0.000000000  1  Q  WS 2048 + 8 [fio]",
+        "fio version 3 iolog",
+        "10 /dev/nbd0 write 4096 4096",
+    ];
+    for _ in 0..2_000 {
+        let mut text = String::new();
+        for _ in 0..rng.bounded(6) {
+            if rng.bounded(2) == 0 {
+                text.push_str(samples[rng.bounded(samples.len() as u64) as usize]);
+            } else {
+                let len = rng.bounded(80) as usize;
+                text.extend(
+                    (0..len).map(|_| alphabet[rng.bounded(alphabet.len() as u64) as usize] as char),
+                );
+            }
+            text.push('\n');
+        }
+        for format in TraceFormat::ALL {
+            ftlab::trace::fuzz_one(format, text.as_bytes());
+        }
+    }
 }
