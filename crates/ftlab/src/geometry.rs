@@ -119,6 +119,13 @@ impl Geometry {
                 "give exactly one of capacity.logical_bytes, capacity.over_provisioning, capacity.spare_factor",
             ));
         }
+        let capacity_key = if c.logical_bytes.is_some() {
+            "capacity.logical_bytes"
+        } else if c.over_provisioning.is_some() {
+            "capacity.over_provisioning"
+        } else {
+            "capacity.spare_factor"
+        };
         let logical_pages = if let Some(bytes) = c.logical_bytes {
             if bytes % u64::from(f.page_size_bytes) != 0 {
                 return Err(invalid(
@@ -191,7 +198,16 @@ impl Geometry {
         // GC can always reclaim space only if the valid data fits in the superblocks that are
         // neither reserved free nor open, with at least one page of slack.
         let usable_pages = superblocks.saturating_sub(reserved) * pages_per_superblock;
-        if logical_pages == 0 || logical_pages >= usable_pages {
+        if logical_pages == 0 {
+            return Err(invalid(
+                capacity_key,
+                format!(
+                    "leaves no logical page: the device needs at least one ({} bytes)",
+                    f.page_size_bytes
+                ),
+            ));
+        }
+        if logical_pages >= usable_pages {
             return Err(invalid(
                 "capacity",
                 format!(

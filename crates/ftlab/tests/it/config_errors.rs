@@ -20,6 +20,18 @@ fn impossible_configs_name_the_key_and_why() {
     assert!(err("femu", &["flash.channels=0"]).contains("flash.channels"));
     assert!(err("femu", &["capacity.over_provisioning=0.0001"]).contains("raise over-provisioning"));
     assert!(err("femu", &["capacity.spare_factor=1.5"]).contains("capacity.spare_factor"));
+    // A capacity of no page is named by the key that gave it, not told to raise over-provisioning.
+    for key in [
+        "capacity.over_provisioning=1e30",
+        "capacity.spare_factor=0.9999999999",
+    ] {
+        let e = err("femu", &[key]);
+        let name = key.split('=').next().unwrap();
+        assert!(
+            e.contains(&format!("`{name}`: leaves no logical page")),
+            "{e}"
+        );
+    }
     assert!(err("femu", &["ftl.gc_thres_pcent_high=50"]).contains("ftl.gc_thres_pcent_high"));
     assert!(err("femu", &["ftl.mapping=btree"]).contains("ftl.mapping"));
     assert!(err("femu", &["ftl.learned_buffer_divisor=12"]).contains("ftl.learned_buffer_divisor"));
