@@ -104,8 +104,8 @@ struct SimArgs {
     /// default for generators, off for --trace).
     #[arg(long)]
     precondition: bool,
-    /// Workload seed (workload.seed).
-    #[arg(long)]
+    /// Workload seed (workload.seed), up to 2^63 - 1: a TOML integer, as in a config file.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=i64::MAX as u64))]
     seed: Option<u64>,
     /// Write the JSON report here.
     #[arg(long)]

@@ -110,6 +110,12 @@ fn errors_name_what_is_wrong_and_nothing_panics() {
             );
         }
     }
+    // A seed a config file could not hold (TOML integers are i64) is refused with the range.
+    let (ok, _, err) = ftlab(&["sim", "--seed", "18446744073709551615"]);
+    assert!(
+        !ok && err.contains("is not in 0..=9223372036854775807"),
+        "{err}"
+    );
     let late = dir.join("late.csv");
     std::fs::write(
         &late,
