@@ -10,9 +10,9 @@
 //!
 //! Lists are kept short so that the unary part fits in `WORDS` u64s, read whole, and a lookup
 //! selects in at most that many words with no index. Longer lists keep u16 offsets
-//! (`group::RunList`); their groups are rarely run lists at all. A lookup here does more than a
+//! (`run_list.rs`); their groups are rarely run lists at all. A lookup here does more than a
 //! search of u16 offsets or of a segment blob, so a group takes this form only where it is an
-//! eighth smaller than any other (`group::ELIAS_FANO_MIN_SAVING`).
+//! eighth smaller than any other (`run_list::ELIAS_FANO_MIN_SAVING`).
 
 use super::GROUP_SHIFT;
 
@@ -68,7 +68,7 @@ impl Upper {
         let bits = upper_bits(n) as usize;
         let mut words = [0u64; WORDS];
         for (k, word) in words.iter_mut().enumerate().take(bits.div_ceil(64)) {
-            *word = super::group::rd64(b, at + 8 * k);
+            *word = super::packed::rd64(b, at + 8 * k);
             if bits < 64 * (k + 1) {
                 *word &= (1u64 << (bits - 64 * k)) - 1;
             }

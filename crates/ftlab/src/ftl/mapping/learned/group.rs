@@ -1,57 +1,27 @@
 //! One group's compressed form: a byte blob that answers a lookup without decoding the rest.
-//! Each group takes the smaller of the two below, or the bitmap words of `words.rs` where those
-//! cost little more; and where a few pages leave a line that resumes after them (outliers),
-//! whichever of those the group without them takes, with the outliers listed apart
-//! (`patches.rs`), if that is smaller (docs/mapping.md draws all four).
+//! Each group takes the smaller of the segments (`segments.rs`, the learned encoding) and a run
+//! list (`run_list.rs`), or the bitmap words of `words.rs` where those cost little more; and
+//! where a few pages leave a line that resumes after them (outliers), whichever of those the
+//! group without them takes, with the outliers listed apart (`patches.rs`), if that is smaller
+//! (docs/mapping.md draws all four). A blob's first u16 says which: a segment blob's `live`
+//! (below 2^15), or a flag above it (`RUNS_FLAG`, `WORDS_FLAG`, `PATCH_FLAG`).
 //!
-//! Segments (the learned encoding), little endian:
+//! This file holds what the encodings share (the answer a lookup gives, the position it leaves
+//! for the next, the searches of sorted u16 offsets), dispatches each operation on a blob to
+//! its encoding, and chooses the encoding of a group (`encode_runs`, `encode_plain`).
 //!
-//! ```text
-//! 0   u16 live          mapped LPNs in the group (< 2^15; bit 15 clear)
-//! 2   u16 n_intervals   runs of mapped LPNs (0: all GROUP_LPNS are mapped)
-//! 4   u16 n_segments
-//! 6   u8  w_base, u8 w_slope, u8 w_width, u8 w_off   bit widths of the segment record fields
-//! 10  i32 slope_min     Q16
-//! 14  i48 base_min
-//! 20  u16 interval_start[n_intervals]   offset in the group of each run of mapped LPNs
-//!     u16 interval_rank[n_intervals]    rank of its first LPN among the mapped ones
-//!     u16 segment_rank[n_segments]      first rank of each segment (0 first)
-//!     records, bit-packed, n_segments x (w_base + w_slope + w_width + w_off) bits:
-//!         base - base_min, slope - slope_min, residual width, residual bit offset
-//!     residuals, bit-packed, each segment's at its own width
-//! ```
-//!
-//! Runs (for groups with a few runs, where a header would cost more than the model saves, and
-//! for sparse groups of scattered pages, where 4 bytes an interval would):
-//!
-//! ```text
-//! 0   u16 0x8000 | n_runs
-//! 2   u8  w_len, u8 w_ppn   bit widths: the longest run's length - 1, the first PPNs' spread
-//! 4   u32 ppn_min           the smallest first PPN
-//! 8   u16 off[n_runs]       offsets ascending
-//!     runs, bit-packed, n_runs x (len - 1 at w_len bits, then first PPN - ppn_min at w_ppn)
-//! ```
-//!
-//! or, with `ELIAS_FANO_FLAG` in the `w_len` byte (at most `elias_fano::MAX_RUNS` runs, where
-//! that is an eighth smaller than every other encoding), the offsets as an Elias-Fano list: one
-//! bit stream from byte 8, the unary high parts (`elias_fano.rs`), then each run's record with
-//! its offset's `l` low bits first (`l` + `w_len` + `w_ppn` bits).
-//!
-//! Every field is read with one unaligned u64 load, so the caller keeps `TAIL_PAD` readable
-//! bytes after a blob (the arena pads its end once, not every blob).
-//!
-//! A lookup: binary search the intervals (is the LPN mapped, and its rank), binary search the
-//! segment ranks, read one record and one residual. Holes cost 4 bytes per run of mapped LPNs;
-//! a run of consecutive PPNs costs one segment (2 bytes plus a few bits of base); scattered
-//! PPNs cost about log2(their spread) bits each.
+//! Every field is read with one unaligned u64 load (`packed.rs`), so the caller keeps `TAIL_PAD`
+//! readable bytes after a blob (the arena pads its end once, not every blob).
 
 use super::elias_fano;
-use super::fit::{self, bits_for, predict, Segment};
+use super::fit::{self, bits_for, Segment};
+use super::packed::rd16;
 use super::patches::{self, PATCH_FLAG};
+use super::run_list::{self, RUNS_FLAG};
+use super::segments::{self, HEADER_BYTES};
 use super::words::{self, WORDS_FLAG};
 use super::GROUP_LPNS;
 
-const HEADER_BYTES: usize = 20;
 /// A group takes the bitmap-word encoding (`words.rs`) when it costs at most this fraction
 /// (numerator, denominator) of the smaller of the other two...
 pub const WORDS_MAX_GROWTH: (usize, usize) = (3, 2);
@@ -60,158 +30,7 @@ pub const WORDS_MAX_GROWTH: (usize, usize) = (3, 2);
 const WORST_CASE_GROUP_BYTES: usize = HEADER_BYTES + 2 + 3;
 /// Readable bytes the caller keeps after every blob.
 pub const TAIL_PAD: usize = 8;
-const RUNS_FLAG: u32 = 0x8000;
-/// A run list's header: its flag and count, the two widths and `ppn_min`.
-const RUNS_HEADER_BYTES: usize = 8;
 pub const UNMAPPED: u32 = u32::MAX;
-
-// Blobs are only ever made by `encode`, whose layout keeps every read below in bounds (the
-// padding covers the 8-byte loads); lookups are the hot path, so reads skip the bounds checks
-// that debug builds (and the test profile) still make.
-
-#[inline]
-pub(super) fn rd16(b: &[u8], at: usize) -> u32 {
-    debug_assert!(at + 2 <= b.len());
-    // SAFETY: in bounds by construction (see above).
-    u32::from(u16::from_le(unsafe {
-        std::ptr::read_unaligned(b.as_ptr().add(at) as *const u16)
-    }))
-}
-
-/// The 8 bytes at `at`, little endian.
-#[inline]
-pub(super) fn rd64(b: &[u8], at: usize) -> u64 {
-    debug_assert!(at + 8 <= b.len());
-    // SAFETY: in bounds by construction (see above).
-    u64::from_le(unsafe { std::ptr::read_unaligned(b.as_ptr().add(at) as *const u64) })
-}
-
-/// `width` (<= 56) bits starting `bit` bits after byte `at`.
-#[inline]
-pub(super) fn rd_bits(b: &[u8], at: usize, bit: u64, width: u32) -> u64 {
-    let p = at + (bit / 8) as usize;
-    debug_assert!(p + 8 <= b.len());
-    // SAFETY: in bounds by construction (see above).
-    let word = u64::from_le(unsafe { std::ptr::read_unaligned(b.as_ptr().add(p) as *const u64) });
-    (word >> (bit % 8)) & ((1u64 << width) - 1)
-}
-
-/// Overwrites the `width` (<= 56) bits starting `bit` bits after byte `at` with `value`.
-#[inline]
-pub(super) fn wr_bits(b: &mut [u8], at: usize, bit: u64, width: u32, value: u64) {
-    let p = at + (bit / 8) as usize;
-    let word: &mut [u8; 8] = (&mut b[p..p + 8]).try_into().expect("8 bytes");
-    let mask = ((1u64 << width) - 1) << (bit % 8);
-    let old = u64::from_le_bytes(*word);
-    *word = ((old & !mask) | ((value << (bit % 8)) & mask)).to_le_bytes();
-}
-
-/// Appends little-endian bit fields to a byte vector.
-pub(super) struct BitWriter<'a> {
-    out: &'a mut Vec<u8>,
-    acc: u64,
-    n: u32,
-}
-
-impl<'a> BitWriter<'a> {
-    pub(super) fn new(out: &'a mut Vec<u8>) -> Self {
-        Self { out, acc: 0, n: 0 }
-    }
-    pub(super) fn put(&mut self, value: u64, width: u32) {
-        debug_assert!(width <= 56 && (width == 56 || value < (1u64 << width)));
-        if width == 0 {
-            return;
-        }
-        self.acc |= value << self.n;
-        self.n += width;
-        while self.n >= 8 {
-            self.out.push(self.acc as u8);
-            self.acc >>= 8;
-            self.n -= 8;
-        }
-    }
-    pub(super) fn finish(self) {
-        if self.n > 0 {
-            self.out.push(self.acc as u8);
-        }
-    }
-}
-
-/// The parsed header of a blob.
-#[derive(Clone, Copy)]
-struct Header {
-    live: u32,
-    n_intervals: usize,
-    n_segments: usize,
-    w_base: u32,
-    w_slope: u32,
-    w_width: u32,
-    w_off: u32,
-    slope_min: i64,
-    base_min: i64,
-}
-
-impl Header {
-    /// Three loads (a blob is at least `HEADER_BYTES` long): field by field, with bounds
-    /// checks, this was a tenth of a lookup's instructions.
-    #[inline]
-    fn read(b: &[u8]) -> Self {
-        let (w0, w1) = (rd64(b, 0), rd64(b, 8));
-        Header {
-            live: w0 as u16 as u32,
-            n_intervals: (w0 >> 16) as u16 as usize,
-            n_segments: (w0 >> 32) as u16 as usize,
-            w_base: (w0 >> 48) as u8 as u32,
-            w_slope: (w0 >> 56) as u32,
-            w_width: w1 as u8 as u32,
-            w_off: (w1 >> 8) as u8 as u32,
-            slope_min: i64::from((w1 >> 16) as u32 as i32),
-            // i48: sign-extend the six bytes at 14.
-            base_min: (rd64(b, 12) as i64) >> 16,
-        }
-    }
-    #[inline]
-    fn record_bits(&self) -> u64 {
-        u64::from(self.w_base + self.w_slope + self.w_width + self.w_off)
-    }
-    fn segments_at(&self) -> usize {
-        HEADER_BYTES + 4 * self.n_intervals
-    }
-    fn records_at(&self) -> usize {
-        self.segments_at() + 2 * self.n_segments
-    }
-    fn residuals_at(&self) -> usize {
-        self.records_at() + (self.n_segments as u64 * self.record_bits()).div_ceil(8) as usize
-    }
-    /// (base, slope_q16, width, residual bit offset) of segment `j`.
-    #[inline]
-    fn record(&self, b: &[u8], j: usize) -> (i64, i32, u32, u64) {
-        let at = self.records_at();
-        let mut bit = j as u64 * self.record_bits();
-        if self.record_bits() <= 56 {
-            // The usual case: the whole record from one load.
-            let mut word = rd_bits(b, at, bit, self.record_bits() as u32);
-            let mut field = |width: u32| {
-                let v = word & ((1u64 << width) - 1);
-                word >>= width;
-                v
-            };
-            let base = field(self.w_base) as i64 + self.base_min;
-            let slope = field(self.w_slope) as i64 + self.slope_min;
-            let width = field(self.w_width) as u32;
-            let off = field(self.w_off);
-            return (base, slope as i32, width, off);
-        }
-        let base = rd_bits(b, at, bit, self.w_base) as i64 + self.base_min;
-        bit += u64::from(self.w_base);
-        let slope = rd_bits(b, at, bit, self.w_slope) as i64 + self.slope_min;
-        bit += u64::from(self.w_slope);
-        let width = rd_bits(b, at, bit, self.w_width) as u32;
-        bit += u64::from(self.w_width);
-        let off = rd_bits(b, at, bit, self.w_off);
-        (base, slope as i32, width, off)
-    }
-}
 
 /// Index of the last element of the ascending u16 array at `at` (length `n`, values below
 /// `span`) that is <= `key`, or None when all are greater.
@@ -240,7 +59,7 @@ const INTERPOLATE_ABOVE: usize = 128;
 /// `len_of` gives: `Ok((index, start, len))`, or `Err` with the hole around `off` (segment blobs
 /// and run lists with u16 offsets keep their mapped offsets this way).
 #[inline]
-fn find_run(
+pub(super) fn find_run(
     b: &[u8],
     at: usize,
     n: usize,
@@ -297,20 +116,20 @@ pub struct Lookup {
 pub struct Finger {
     /// The run of mapped offsets (interval of a segment blob, run of a run list) holding the
     /// offset, or the first one after it.
-    run: u16,
+    pub(super) run: u16,
     /// Segment blobs: the rank of the first mapped offset at or after the offset...
-    rank: u16,
+    pub(super) rank: u16,
     /// ...and the segment holding that rank (`n_segments` past the last), or `SEGMENT_UNKNOWN`.
-    segment: u16,
+    pub(super) segment: u16,
 }
 
-const SEGMENT_UNKNOWN: u16 = u16::MAX;
+pub(super) const SEGMENT_UNKNOWN: u16 = u16::MAX;
 
 impl Finger {
     pub const NONE: Finger = Finger::before_run(0);
 
     /// In the hole before run `i` (its rank and segment still to be found).
-    const fn before_run(i: usize) -> Finger {
+    pub(super) const fn before_run(i: usize) -> Finger {
         Finger {
             run: i as u16,
             rank: 0,
@@ -331,7 +150,6 @@ pub(super) fn room(lo: i64, width: u32) -> (u32, u32) {
         hi.clamp(0, i64::from(u32::MAX)) as u32,
     )
 }
-
 /// The PPN of group offset `off`, if mapped.
 #[inline]
 pub fn get(b: &[u8], off: u32) -> Option<u32> {
@@ -344,22 +162,21 @@ pub fn lookup(b: &[u8], off: u32) -> Lookup {
 }
 
 /// `lookup`, filling `Lookup::room` only when `ROOM` (updates use it; plain reads do not pay
-/// for it). The search is `place`'s, written out: lookups through a shared helper (returning
-/// its struct) ran 10-30 % slower on pgbench's short runs, in `ftlab mapbench`.
+/// for it).
 #[inline]
 pub fn lookup_with<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
     let first = rd16(b, 0);
     // One compare for the segments (every flag is above their `live`).
     if first >= PATCH_FLAG {
         if first & RUNS_FLAG != 0 {
-            return runs_lookup(b, off);
+            return run_list::lookup(b, off);
         }
         if first & WORDS_FLAG != 0 {
             return words::lookup_with::<ROOM>(b, off);
         }
         return patches::lookup_with::<ROOM>(b, off);
     }
-    segments_lookup::<ROOM>(b, off)
+    segments::lookup::<ROOM>(b, off)
 }
 
 /// `lookup_with` for a blob that is not patched (a patched blob's inner one): without the call
@@ -369,43 +186,18 @@ pub(super) fn lookup_unpatched<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
     let first = rd16(b, 0);
     debug_assert_eq!(first & PATCH_FLAG, 0);
     if first & RUNS_FLAG != 0 {
-        return runs_lookup(b, off);
+        return run_list::lookup(b, off);
     }
     if first & WORDS_FLAG != 0 {
         return words::lookup_with::<ROOM>(b, off);
     }
-    segments_lookup::<ROOM>(b, off)
-}
-
-#[inline]
-fn segments_lookup<const ROOM: bool>(b: &[u8], off: u32) -> Lookup {
-    let h = Header::read(b);
-    // The run of mapped offsets holding `off`: [start, start + len), ranks from `rank0`.
-    let (i, start, len, rank0) = if h.n_intervals == 0 {
-        (0, 0, GROUP_LPNS as u32, 0)
-    } else {
-        let (i, start, len) = match find_run(b, HEADER_BYTES, h.n_intervals, off, |i| {
-            interval_rank(b, &h, i + 1) - interval_rank(b, &h, i)
-        }) {
-            Ok(found) => found,
-            Err(mut hole) => {
-                hole.next.rank = interval_rank(b, &h, usize::from(hole.next.run)) as u16;
-                return hole;
-            }
-        };
-        (i, start, len, interval_rank(b, &h, i))
-    };
-    let rank = rank0 + (off - start);
-    let j = last_le(b, h.segments_at(), h.n_segments, rank, h.live)
-        .expect("segment 0 starts at rank 0");
-    segment_answer::<ROOM>(b, &h, i, (start, len), off, rank, j)
+    segments::lookup::<ROOM>(b, off)
 }
 
 /// `lookup_with(b, off)` for the offset where an earlier lookup's span ended (`off` is its
 /// `hi`, `at` its `next`, the blob unchanged since): the run and segment are known, so no search.
 #[inline]
 pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
-    let i = usize::from(at.run);
     if rd16(b, 0) & WORDS_FLAG != 0 {
         return words::lookup_with::<ROOM>(b, off);
     }
@@ -413,49 +205,15 @@ pub fn lookup_next<const ROOM: bool>(b: &[u8], off: u32, at: Finger) -> Lookup {
         return patches::lookup_with::<ROOM>(b, off);
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
-        let list = RunList::read(b);
-        if i == list.n {
-            return run_reached(GROUP_LPNS as u32, off, at).expect_err("offsets are in the group");
-        }
-        let (start, len, ppn) = list.entry(b, i);
-        if let Err(hole) = run_reached(start, off, at) {
-            return hole;
-        }
-        // A run list's spans are whole runs: following on lands on a run's start.
-        debug_assert_eq!(off, start);
-        return run_answer(&list, i, (start, len, ppn), off);
+        return run_list::lookup_next(b, off, at);
     }
-    let h = Header::read(b);
-    let (start, len) = if h.n_intervals == 0 {
-        (0, GROUP_LPNS as u32)
-    } else {
-        let start = if i < h.n_intervals {
-            rd16(b, HEADER_BYTES + 2 * i)
-        } else {
-            GROUP_LPNS as u32
-        };
-        match run_reached(start, off, at) {
-            Ok(start) => (start, interval_rank(b, &h, i + 1) - interval_rank(b, &h, i)),
-            Err(hole) => return hole,
-        }
-    };
-    let rank = u32::from(at.rank);
-    let j = if at.segment == SEGMENT_UNKNOWN {
-        last_le(b, h.segments_at(), h.n_segments, rank, h.live).expect("segment 0 starts at rank 0")
-    } else {
-        usize::from(at.segment)
-    };
-    debug_assert_eq!(
-        Some(j),
-        last_le(b, h.segments_at(), h.n_segments, rank, h.live)
-    );
-    segment_answer::<ROOM>(b, &h, i, (start, len), off, rank, j)
+    segments::lookup_next::<ROOM>(b, off, at)
 }
 
 /// Following on at `off` (`at` from the span before): `start`, the start of run `at.run` (past
 /// the last, the group's end), when `off` has reached it, or the hole from `off` up to it.
 #[inline]
-fn run_reached(start: u32, off: u32, at: Finger) -> Result<u32, Lookup> {
+pub(super) fn run_reached(start: u32, off: u32, at: Finger) -> Result<u32, Lookup> {
     if off < start {
         return Err(Lookup {
             ppn: None,
@@ -466,161 +224,6 @@ fn run_reached(start: u32, off: u32, at: Finger) -> Result<u32, Lookup> {
         });
     }
     Ok(start)
-}
-
-/// Rank of the first offset of interval `i` of a segment blob (`live` past the last).
-#[inline]
-fn interval_rank(b: &[u8], h: &Header, i: usize) -> u32 {
-    if i < h.n_intervals {
-        rd16(b, HEADER_BYTES + 2 * h.n_intervals + 2 * i)
-    } else {
-        h.live
-    }
-}
-
-/// The answer for mapped offset `off` of a segment blob: in interval `i` (`start, len`), at
-/// `rank`, in segment `j`.
-#[inline(always)]
-fn segment_answer<const ROOM: bool>(
-    b: &[u8],
-    h: &Header,
-    i: usize,
-    (start, len): (u32, u32),
-    off: u32,
-    rank: u32,
-    j: usize,
-) -> Lookup {
-    let seg_at = h.segments_at();
-    let seg_first = rd16(b, seg_at + 2 * j);
-    let seg_end = if j + 1 < h.n_segments {
-        rd16(b, seg_at + 2 * (j + 1))
-    } else {
-        h.live
-    };
-    let dx = rank - seg_first;
-    let (base, slope, width, res_off) = h.record(b, j);
-    let residual = rd_bits(
-        b,
-        h.residuals_at(),
-        res_off + u64::from(dx) * u64::from(width),
-        width,
-    );
-    let ppn = (predict(base, slope, dx) + residual as i64) as u32;
-    let (lo, hi) = if slope == 1 << fit::SLOPE_FRAC_BITS && width == 0 {
-        (
-            start.max(off - dx),
-            (start + len).min(off + (seg_end - rank)),
-        )
-    } else {
-        (off, off + 1)
-    };
-    let room = if !ROOM {
-        NO_ROOM
-    } else if width > 0 {
-        room(predict(base, slope, dx), width)
-    } else if seg_end - seg_first == 1 {
-        room(h.base_min, h.w_base)
-    } else {
-        NO_ROOM
-    };
-    // Ranks are consecutive over mapped offsets, holes or not: `hi`'s (or the next mapped
-    // offset's) is `rank + (hi - off)`, in this segment or the next.
-    let rank_hi = rank + (hi - off);
-    Lookup {
-        ppn: Some(ppn),
-        lo,
-        hi,
-        room,
-        next: Finger {
-            run: (i + usize::from(hi == start + len)) as u16,
-            rank: rank_hi as u16,
-            segment: (j + usize::from(rank_hi == seg_end)) as u16,
-        },
-    }
-}
-
-/// Where a segment blob keeps one mapped offset's PPN.
-struct Place {
-    h: Header,
-    /// Its segment, the segment's first rank, and its distance from it.
-    j: usize,
-    seg_first: u32,
-    dx: u32,
-    base: i64,
-    slope: i32,
-    width: u32,
-    /// Bit position of its residual after the residuals' start.
-    res_bit: u64,
-}
-
-impl Place {
-    fn seg_at(&self) -> usize {
-        self.h.segments_at()
-    }
-
-    /// The rank after the segment's last.
-    fn seg_end(&self, b: &[u8]) -> u32 {
-        if self.j + 1 < self.h.n_segments {
-            rd16(b, self.seg_at() + 2 * (self.j + 1))
-        } else {
-            self.h.live
-        }
-    }
-
-    /// The PPN at distance `dx` from the start of this place's segment: `segment_ppn` without
-    /// decoding the segment's record again (the neighbours' checks of `update_in_place`).
-    #[inline]
-    fn ppn_at(&self, b: &[u8], dx: u32) -> u32 {
-        let bit = self.res_bit - u64::from(self.dx) * u64::from(self.width)
-            + u64::from(dx) * u64::from(self.width);
-        let residual = rd_bits(b, self.h.residuals_at(), bit, self.width);
-        (predict(self.base, self.slope, dx) + residual as i64) as u32
-    }
-}
-
-/// The PPN at distance `dx` from the start of segment `j` of a segment blob.
-#[inline]
-fn segment_ppn(b: &[u8], h: &Header, j: usize, dx: u32) -> u32 {
-    let (base, slope, width, res_off) = h.record(b, j);
-    let residual = rd_bits(
-        b,
-        h.residuals_at(),
-        res_off + u64::from(dx) * u64::from(width),
-        width,
-    );
-    (predict(base, slope, dx) + residual as i64) as u32
-}
-
-/// Finds mapped offset `off` in a segment blob (not a run list), or the hole around it: the
-/// search `lookup_with` writes out for itself (see there).
-#[inline]
-fn place(b: &[u8], off: u32) -> Result<Place, Lookup> {
-    let h = Header::read(b);
-    // The run of mapped offsets holding `off` starts at `start`, ranks from `rank0`.
-    let (start, rank0) = if h.n_intervals == 0 {
-        (0, 0)
-    } else {
-        let (i, start, _) = find_run(b, HEADER_BYTES, h.n_intervals, off, |i| {
-            interval_rank(b, &h, i + 1) - interval_rank(b, &h, i)
-        })?;
-        (start, interval_rank(b, &h, i))
-    };
-    let rank = rank0 + (off - start);
-    let seg_at = h.segments_at();
-    let j = last_le(b, seg_at, h.n_segments, rank, h.live).expect("segment 0 starts at rank 0");
-    let seg_first = rd16(b, seg_at + 2 * j);
-    let dx = rank - seg_first;
-    let (base, slope, width, res_off) = h.record(b, j);
-    Ok(Place {
-        h,
-        j,
-        seg_first,
-        dx,
-        base,
-        slope,
-        width,
-        res_bit: res_off + u64::from(dx) * u64::from(width),
-    })
 }
 
 /// Maps offsets `off..off + len` (`len` >= 2) to `ppn, ppn + 1, ...` inside the blob, where they
@@ -647,316 +250,9 @@ pub fn update_in_place(b: &mut [u8], off: u32, ppn: u32) -> bool {
         return patches::update_in_place(b, off, ppn);
     }
     if rd16(b, 0) & RUNS_FLAG != 0 {
-        let list = RunList::read(b);
-        let Ok((i, (_, 1, _))) = list.find(b, off) else {
-            return false;
-        };
-        let field = i64::from(ppn) - i64::from(list.ppn_min);
-        if field < 0 || field >= 1 << list.w_ppn {
-            return false;
-        }
-        let joins_left = i > 0 && {
-            let (s, l, p) = list.entry(b, i - 1);
-            s + l == off && p.wrapping_add(l) == ppn
-        };
-        let joins_right = i + 1 < list.n && {
-            let (s, _, p) = list.entry(b, i + 1);
-            s == off + 1 && ppn.wrapping_add(1) == p
-        };
-        if joins_left || joins_right {
-            return false;
-        }
-        let bit = list.record_bit(i) + u64::from(list.w_low + list.w_len);
-        wr_bits(b, RUNS_HEADER_BYTES, bit, list.w_ppn, field as u64);
-        return true;
+        return run_list::update_in_place(b, off, ppn);
     }
-    let Ok(p) = place(b, off) else {
-        return false;
-    };
-    // Where the new value goes: the residual of a packed segment, or the base of a segment of
-    // one point (any slope predicts its base there).
-    let (at, bit, width, value) = if p.width > 0 {
-        let residual = i64::from(ppn) - predict(p.base, p.slope, p.dx);
-        if residual < 0 || residual >= 1 << p.width {
-            return false;
-        }
-        (p.h.residuals_at(), p.res_bit, p.width, residual as u64)
-    } else if p.seg_end(b) - p.seg_first == 1 {
-        let field = i64::from(ppn) - p.h.base_min;
-        if field < 0 || field >= 1 << p.h.w_base {
-            return false;
-        }
-        let bit = p.j as u64 * p.h.record_bits();
-        (p.h.records_at(), bit, p.h.w_base, field as u64)
-    } else {
-        return false;
-    };
-    // The ranks before and after: in this segment, or at the end of the one before and the
-    // start of the one after.
-    let seg_end = p.seg_end(b);
-    let left = match (p.dx, p.j) {
-        (0, 0) => None,
-        (0, j) => {
-            let first = rd16(b, p.seg_at() + 2 * (j - 1));
-            Some(segment_ppn(b, &p.h, j - 1, p.seg_first - 1 - first))
-        }
-        (dx, _) => Some(p.ppn_at(b, dx - 1)),
-    };
-    let right = if p.seg_first + p.dx + 1 < seg_end {
-        Some(p.ppn_at(b, p.dx + 1))
-    } else {
-        (p.j + 1 < p.h.n_segments).then(|| segment_ppn(b, &p.h, p.j + 1, 0))
-    };
-    let joins_left = left.is_some_and(|l| l.wrapping_add(1) == ppn);
-    let joins_right = right.is_some_and(|r| r == ppn.wrapping_add(1));
-    if joins_left || joins_right {
-        return false;
-    }
-    wr_bits(b, at, bit, width, value);
-    true
-}
-
-fn runs_lookup(b: &[u8], off: u32) -> Lookup {
-    let list = RunList::read(b);
-    match list.find(b, off) {
-        Ok((i, run)) => run_answer(&list, i, run, off),
-        Err(hole) => hole,
-    }
-}
-
-/// The answer for offset `off` of run `i` of a run list, `(start, len, ppn)`.
-#[inline]
-fn run_answer(list: &RunList, i: usize, (start, len, ppn): (u32, u32, u32), off: u32) -> Lookup {
-    Lookup {
-        ppn: Some(ppn + (off - start)),
-        lo: start,
-        hi: start + len,
-        room: if len == 1 {
-            room(i64::from(list.ppn_min), list.w_ppn)
-        } else {
-            NO_ROOM
-        },
-        next: Finger::before_run(i + 1),
-    }
-}
-
-/// The parsed header of a run list.
-#[derive(Clone, Copy)]
-struct RunList {
-    n: usize,
-    w_len: u32,
-    w_ppn: u32,
-    ppn_min: u32,
-    /// Each offset's low bits in its record: an Elias-Fano list's (`elias_fano.rs`), or 0 where
-    /// the offsets are u16s (more than `elias_fano::MAX_RUNS` runs).
-    w_low: u32,
-    /// The first record's bit, counted from the end of the header: past the unary part of an
-    /// Elias-Fano list, or past the u16 offsets.
-    records_bit: u64,
-}
-
-impl RunList {
-    #[inline]
-    fn read(b: &[u8]) -> Self {
-        let head = rd64(b, 0);
-        debug_assert!(head as u32 & RUNS_FLAG != 0);
-        let n = (head as u32 & 0xffff & !RUNS_FLAG) as usize;
-        let (w_low, records_bit) = if head >> 16 & ELIAS_FANO_FLAG != 0 {
-            (
-                elias_fano::low_bits(n),
-                u64::from(elias_fano::upper_bits(n)),
-            )
-        } else {
-            (0, 16 * n as u64)
-        };
-        Self {
-            n,
-            w_len: (head >> 16) as u32 & 0xff & !(ELIAS_FANO_FLAG as u32),
-            w_ppn: (head >> 24) as u32 & 0xff,
-            ppn_min: (head >> 32) as u32,
-            w_low,
-            records_bit,
-        }
-    }
-    /// Where record `i` starts, in bits from the end of the header.
-    #[inline]
-    fn record_bit(&self, i: usize) -> u64 {
-        self.records_bit + i as u64 * u64::from(self.w_low + self.w_len + self.w_ppn)
-    }
-    /// Run `i`'s record: its offset's low bits (Elias-Fano lists), length and first PPN.
-    #[inline]
-    fn record(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
-        let width = self.w_low + self.w_len + self.w_ppn;
-        let v = rd_bits(b, RUNS_HEADER_BYTES, self.record_bit(i), width);
-        (
-            (v & ((1 << self.w_low) - 1)) as u32,
-            1 + (v >> self.w_low & ((1 << self.w_len) - 1)) as u32,
-            self.ppn_min + (v >> (self.w_low + self.w_len)) as u32,
-        )
-    }
-    #[inline]
-    fn upper(&self, b: &[u8]) -> elias_fano::Upper {
-        elias_fano::Upper::read(b, RUNS_HEADER_BYTES, self.n)
-    }
-    /// Run `i`'s start, length and first PPN.
-    #[inline]
-    fn entry(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
-        if self.w_low > 0 {
-            return self.entry_elias_fano(b, i);
-        }
-        let (_, len, ppn) = self.record(b, i);
-        (rd16(b, RUNS_HEADER_BYTES + 2 * i), len, ppn)
-    }
-    /// `entry` in a list with Elias-Fano offsets. Out of line, as `find_elias_fano` is.
-    #[inline(never)]
-    fn entry_elias_fano(&self, b: &[u8], i: usize) -> (u32, u32, u32) {
-        let (low, len, ppn) = self.record(b, i);
-        (self.upper(b).value(self.n, i, low), len, ppn)
-    }
-    /// The run holding `off`: its index and `(start, len, ppn)`, or `Err` with the hole around
-    /// `off`.
-    #[inline]
-    fn find(&self, b: &[u8], off: u32) -> Result<(usize, (u32, u32, u32)), Lookup> {
-        if self.w_low == 0 {
-            let (i, start, len) =
-                find_run(b, RUNS_HEADER_BYTES, self.n, off, |i| self.record(b, i).1)?;
-            return Ok((i, (start, len, self.record(b, i).2)));
-        }
-        self.find_elias_fano(b, off)
-    }
-    /// `find` in a list with Elias-Fano offsets. Out of line: few groups take them (scattered
-    /// pages), and the lookups of the others keep the code they inlined before.
-    #[inline(never)]
-    fn find_elias_fano(&self, b: &[u8], off: u32) -> Result<(usize, (u32, u32, u32)), Lookup> {
-        let upper = self.upper(b);
-        let (found, bucket) = upper.last_le(self.n, off, |i| {
-            let (low, len, ppn) = self.record(b, i);
-            (low, (len, ppn))
-        });
-        let Some((i, start, (len, ppn))) = found else {
-            return Err(Lookup {
-                ppn: None,
-                lo: 0,
-                hi: upper.value_after(self.n, bucket, 0, self.record(b, 0).0),
-                room: NO_ROOM,
-                next: Finger::before_run(0),
-            });
-        };
-        if off - start >= len {
-            let hi = if i + 1 < self.n {
-                upper.value_after(self.n, bucket, i + 1, self.record(b, i + 1).0)
-            } else {
-                GROUP_LPNS as u32
-            };
-            return Err(Lookup {
-                ppn: None,
-                lo: start + len,
-                hi,
-                room: NO_ROOM,
-                next: Finger::before_run(i + 1),
-            });
-        }
-        Ok((i, (start, len, ppn)))
-    }
-    /// Every run's start, length and first PPN, in order.
-    fn for_each(&self, b: &[u8], mut f: impl FnMut(u32, u32, u32)) {
-        if self.w_low == 0 {
-            for i in 0..self.n {
-                let (start, len, ppn) = self.entry(b, i);
-                f(start, len, ppn);
-            }
-            return;
-        }
-        for (i, high) in self.upper(b).highs().enumerate() {
-            let (low, len, ppn) = self.record(b, i);
-            f(high << self.w_low | low, len, ppn);
-        }
-    }
-    fn bytes(&self) -> usize {
-        RUNS_HEADER_BYTES + self.record_bit(self.n).div_ceil(8) as usize
-    }
-}
-
-/// In a run list's `w_len` byte: its offsets are an Elias-Fano list (`w_len` is at most 12).
-const ELIAS_FANO_FLAG: u64 = 0x80;
-
-/// A group takes a run list with Elias-Fano offsets only where that is at least this fraction
-/// (numerator, denominator) smaller than every other encoding of it: a lookup there selects in
-/// up to four words, where a u16 list takes a halving search and a segment blob two. With every
-/// short list in this form, most of rocksdb's groups left their segment blobs for it, and its
-/// random lookups took 1.4x as long (`examples/mapprof`). Scattered single pages save about a
-/// fifth, groups of a few long runs a few bytes (docs/mapping-log.md, "Elias-Fano offsets").
-const ELIAS_FANO_MIN_SAVING: (usize, usize) = (1, 8);
-
-/// Bytes of a run list of `n` runs at these widths with u16 offsets, and with Elias-Fano offsets
-/// where the list is short enough for them.
-fn run_list_bytes(n: usize, w_len: u32, w_ppn: u32) -> (usize, Option<usize>) {
-    let plain = RUNS_HEADER_BYTES + (n as u64 * u64::from(16 + w_len + w_ppn)).div_ceil(8) as usize;
-    if !(1..=elias_fano::MAX_RUNS).contains(&n) {
-        return (plain, None);
-    }
-    let bits = u64::from(elias_fano::upper_bits(n))
-        + n as u64 * u64::from(elias_fano::low_bits(n) + w_len + w_ppn);
-    (plain, Some(RUNS_HEADER_BYTES + bits.div_ceil(8) as usize))
-}
-
-/// The fields' widths of a run list of `runs`: `(w_len, w_ppn, ppn_min)`.
-fn run_list_widths(runs: &[GroupRun]) -> (u32, u32, u32) {
-    let len_max = runs.iter().map(|r| r.1).max().unwrap_or(1);
-    let ppn_min = runs.iter().map(|r| r.2).min().unwrap_or(0);
-    let ppn_max = runs.iter().map(|r| r.2).max().unwrap_or(0);
-    (
-        u32::from(bits_for(u64::from(len_max) - 1)),
-        u32::from(bits_for(u64::from(ppn_max - ppn_min))),
-        ppn_min,
-    )
-}
-
-/// Appends the run list of `runs` (a group's, in offset order) at these widths (as
-/// `run_list_widths` gives them) to `out`, its offsets as an Elias-Fano list when `elias_fano`
-/// (at most `elias_fano::MAX_RUNS` runs).
-fn write_run_list(
-    runs: &[GroupRun],
-    (w_len, w_ppn, ppn_min): (u32, u32, u32),
-    elias_fano: bool,
-    out: &mut Vec<u8>,
-) {
-    let n = runs.len();
-    debug_assert!(!elias_fano || (1..=elias_fano::MAX_RUNS).contains(&n));
-    debug_assert_eq!(run_list_widths(runs), (w_len, w_ppn, ppn_min));
-    out.extend_from_slice(&(RUNS_FLAG as u16 | n as u16).to_le_bytes());
-    let flag = if elias_fano { ELIAS_FANO_FLAG as u8 } else { 0 };
-    out.extend_from_slice(&[w_len as u8 | flag, w_ppn as u8]);
-    out.extend_from_slice(&ppn_min.to_le_bytes());
-    let w_low = if elias_fano {
-        elias_fano::low_bits(n)
-    } else {
-        for r in runs {
-            out.extend_from_slice(&r.0.to_le_bytes());
-        }
-        0
-    };
-    let mut w = BitWriter::new(out);
-    if elias_fano {
-        let upper = elias_fano::upper_words(runs.iter().map(|r| r.0));
-        let mut left = elias_fano::upper_bits(n);
-        for word in upper {
-            for half in [word as u32, (word >> 32) as u32] {
-                let width = left.min(32);
-                w.put(u64::from(half) & ((1 << width) - 1), width);
-                left -= width;
-            }
-        }
-    }
-    for &(off, len, ppn) in runs {
-        w.put(
-            u64::from(off) & ((1 << w_low) - 1)
-                | u64::from(len - 1) << w_low
-                | u64::from(ppn - ppn_min) << (w_low + w_len),
-            w_low + w_len + w_ppn,
-        );
-    }
-    w.finish();
+    segments::update_in_place(b, off, ppn)
 }
 
 /// Bytes the blob at the start of `b` occupies (`b` keeps the `TAIL_PAD` bytes after it, as for
@@ -964,7 +260,7 @@ fn write_run_list(
 pub fn encoded_len(b: &[u8]) -> usize {
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {
-        return RunList::read(b).bytes();
+        return run_list::encoded_len(b);
     }
     if first & WORDS_FLAG != 0 {
         return words::encoded_len(b);
@@ -972,16 +268,7 @@ pub fn encoded_len(b: &[u8]) -> usize {
     if first & PATCH_FLAG != 0 {
         return patches::encoded_len(b);
     }
-    let h = Header::read(b);
-    let residual_bits = if h.w_off == 0 {
-        0
-    } else {
-        let last = h.n_segments - 1;
-        let first_rank = rd16(b, h.segments_at() + 2 * last);
-        let (_, _, width, res_off) = h.record(b, last);
-        res_off + u64::from(h.live - first_rank) * u64::from(width)
-    };
-    h.residuals_at() + residual_bits.div_ceil(8) as usize
+    segments::encoded_len(b)
 }
 
 /// Working memory for encoding, allocated per merge (it is not part of the table at rest).
@@ -1007,60 +294,6 @@ pub struct Scratch {
     /// The line's encoding, and the patched blob around it.
     inner: Vec<u8>,
     patched: Vec<u8>,
-}
-
-/// Field widths and encoded size of a segmentation.
-struct Layout {
-    w_base: u32,
-    w_slope: u32,
-    w_width: u32,
-    w_off: u32,
-    base_min: i64,
-    slope_min: i64,
-    residual_bits: u64,
-    bytes: usize,
-}
-
-fn layout(n_intervals: usize, segs: &[Segment]) -> Layout {
-    // One pass (each merge sizes several candidate segmentations).
-    let (mut base_min, mut base_max) = (i64::MAX, i64::MIN);
-    let (mut slope_min, mut slope_max) = (i64::MAX, i64::MIN);
-    let (mut width_max, mut residual_bits) = (0u8, 0u64);
-    for seg in segs {
-        base_min = base_min.min(seg.base);
-        base_max = base_max.max(seg.base);
-        slope_min = slope_min.min(i64::from(seg.slope_q16));
-        slope_max = slope_max.max(i64::from(seg.slope_q16));
-        width_max = width_max.max(seg.width);
-        residual_bits += u64::from(seg.len) * u64::from(seg.width);
-    }
-    if segs.is_empty() {
-        (base_min, base_max, slope_min, slope_max) = (0, 0, 0, 0);
-    }
-    let w_base = u32::from(bits_for((base_max - base_min) as u64));
-    let w_slope = u32::from(bits_for((slope_max - slope_min) as u64));
-    let w_width = u32::from(bits_for(u64::from(width_max)));
-    let w_off = if width_max == 0 {
-        0
-    } else {
-        u32::from(bits_for(residual_bits))
-    };
-    let record_bits = u64::from(w_base + w_slope + w_width + w_off);
-    let bytes = HEADER_BYTES
-        + 4 * n_intervals
-        + 2 * segs.len()
-        + (segs.len() as u64 * record_bits).div_ceil(8) as usize
-        + residual_bits.div_ceil(8) as usize;
-    Layout {
-        w_base,
-        w_slope,
-        w_width,
-        w_off,
-        base_min,
-        slope_min,
-        residual_bits,
-        bytes,
-    }
 }
 
 /// Candidates tried after the exact segments, the smallest encoding winning: one packed segment
@@ -1110,15 +343,14 @@ pub fn push_run(runs: &mut Vec<GroupRun>, off: u32, len: u32, ppn: u32) {
 
 /// The blob's mappings as runs, in offset order: O(runs) for exact segments and run lists, one
 /// step per point elsewhere.
+/// The blob's mappings as runs, in offset order: O(runs) for exact segments and run lists, one
+/// step per point elsewhere.
 pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
     out.clear();
     let first = rd16(b, 0);
     if first & RUNS_FLAG != 0 {
         // A run each (`live` would read every record to count their pages).
-        let list = RunList::read(b);
-        out.reserve(list.n);
-        list.for_each(b, |start, len, ppn| push_run(out, start, len, ppn));
-        return;
+        return run_list::decode_runs(b, out);
     }
     // Merges start with empty working vectors: sized once here, not grown by doubling (their
     // copies were a tenth of pgbench's update time).
@@ -1129,50 +361,7 @@ pub fn decode_runs(b: &[u8], out: &mut Vec<GroupRun>) {
     if first & PATCH_FLAG != 0 {
         return patches::decode_runs(b, out);
     }
-    let h = Header::read(b);
-    let seg_at = h.segments_at();
-    let ranks_at = HEADER_BYTES + 2 * h.n_intervals;
-    let res_at = h.residuals_at();
-    let mut interval = 0usize;
-    let mut off = 0u32;
-    let mut left = if h.n_intervals == 0 { h.live } else { 0 };
-    for j in 0..h.n_segments {
-        let seg_first = rd16(b, seg_at + 2 * j);
-        let seg_end = if j + 1 < h.n_segments {
-            rd16(b, seg_at + 2 * (j + 1))
-        } else {
-            h.live
-        };
-        let (base, slope, width, res_off) = h.record(b, j);
-        let exact = slope == 1 << fit::SLOPE_FRAC_BITS && width == 0;
-        let mut dx = 0u32;
-        while dx < seg_end - seg_first {
-            while left == 0 {
-                off = rd16(b, HEADER_BYTES + 2 * interval);
-                let next_rank = if interval + 1 < h.n_intervals {
-                    rd16(b, ranks_at + 2 * (interval + 1))
-                } else {
-                    h.live
-                };
-                left = next_rank - rd16(b, ranks_at + 2 * interval);
-                interval += 1;
-            }
-            let n = left.min(seg_end - seg_first - dx);
-            if exact {
-                push_run(out, off, n, (base + i64::from(dx)) as u32);
-            } else {
-                for k in 0..n {
-                    let at = res_off + u64::from(dx + k) * u64::from(width);
-                    let residual = rd_bits(b, res_at, at, width);
-                    let ppn = (predict(base, slope, dx + k) + residual as i64) as u32;
-                    push_run(out, off + k, 1, ppn);
-                }
-            }
-            off += n;
-            left -= n;
-            dx += n;
-        }
-    }
+    segments::decode_runs(b, out)
 }
 
 /// `base` with `updates` laid over it (both sorted, non-overlapping): an update run replaces
@@ -1248,7 +437,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     let worth_trying = if encoding(&s.out) == Encoding::Words {
         let line_runs = runs.len().saturating_sub(runs_saved);
         // (A run list of the line's runs at the widest fields bounds what the line takes.)
-        patches::FIXED_BYTES + 5 * pages + run_list_bytes(line_runs, super::GROUP_SHIFT, 32).0
+        patches::FIXED_BYTES + 5 * pages + run_list::bytes(line_runs, super::GROUP_SHIFT, 32).0
             < s.out.len()
     } else {
         s.out.len() * runs_saved / runs.len() > patches::FIXED_BYTES + 5 * pages
@@ -1303,7 +492,7 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     }
     let w_len = u32::from(bits_for(u64::from(len_max) - 1));
     let w_ppn = u32::from(bits_for(u64::from(ppn_max - ppn_min)));
-    let (plain_runs_bytes, elias_fano_bytes) = run_list_bytes(s.runs.len(), w_len, w_ppn);
+    let (plain_runs_bytes, elias_fano_bytes) = run_list::bytes(s.runs.len(), w_len, w_ppn);
     // The smaller run list, for the bounds on the other encodings below.
     let runs_bytes = elias_fano_bytes.map_or(plain_runs_bytes, |b| b.min(plain_runs_bytes));
     let n_intervals = if live as usize == GROUP_LPNS {
@@ -1386,7 +575,7 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
             fit::fit_cone(&s.ys, 0, &mut s.best);
         }
     }
-    let mut best_bytes = layout(n_intervals, &s.best).bytes;
+    let mut best_bytes = segments::layout(n_intervals, &s.best).bytes;
     // Bitmap words are sized in one pass. Where they are taken already (within the cap) and no
     // larger than the exact segments, the candidates below (each one or more passes over the
     // points) would have to beat them by a third to change that: skip those.
@@ -1430,7 +619,7 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
                                 ..seg
                             }),
                     );
-                    let best_so_far = layout(0, &s.trial).bytes;
+                    let best_so_far = segments::layout(0, &s.trial).bytes;
                     // A few long exact runs (what file systems write): joining some of them
                     // into a segment with residuals would cost at least a bit per point of it,
                     // more than the records it saves.
@@ -1439,16 +628,16 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
                     }
                     let prefix = &s.ys[..n];
                     fit::fit_single(prefix, 0, &mut s.trial);
-                    let packed = layout(0, &s.trial).bytes;
+                    let packed = segments::layout(0, &s.trial).bytes;
                     fit::fit_cone(prefix, CONE_EPS, &mut s.trial);
-                    if layout(0, &s.trial).bytes >= packed.min(best_so_far) {
+                    if segments::layout(0, &s.trial).bytes >= packed.min(best_so_far) {
                         continue;
                     }
                     points(&s.runs, all, &mut s.ys);
                     fit::fit_cone(&s.ys, CONE_EPS, &mut s.trial)
                 }
             }
-            let bytes = layout(n_intervals, &s.trial).bytes;
+            let bytes = segments::layout(n_intervals, &s.trial).bytes;
             if bytes < best_bytes {
                 best_bytes = bytes;
                 std::mem::swap(&mut s.best, &mut s.trial);
@@ -1459,7 +648,7 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     // Elias-Fano offsets only where they save an eighth of the smallest other encoding; bitmap
     // words are weighed against what would be written without them.
     let others = plain_runs_bytes.min(best_bytes);
-    let (num, den) = ELIAS_FANO_MIN_SAVING;
+    let (num, den) = run_list::ELIAS_FANO_MIN_SAVING;
     let elias_fano =
         elias_fano_bytes.is_some_and(|b| b < others && (others - b) * den >= others * num);
     let written = if elias_fano { runs_bytes } else { others };
@@ -1473,59 +662,23 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
     out.clear();
     out.reserve(written + TAIL_PAD);
     if elias_fano || plain_runs_bytes <= best_bytes {
-        write_run_list(&s.runs, (w_len, w_ppn, ppn_min), elias_fano, out);
+        run_list::write(&s.runs, (w_len, w_ppn, ppn_min), elias_fano, out);
         debug_assert_eq!(out.len(), written);
         return Some(());
     }
-    let l = layout(n_intervals, &s.best);
-    out.extend_from_slice(&(live as u16).to_le_bytes());
-    out.extend_from_slice(&(n_intervals as u16).to_le_bytes());
-    out.extend_from_slice(&(s.best.len() as u16).to_le_bytes());
-    out.extend_from_slice(&[
-        l.w_base as u8,
-        l.w_slope as u8,
-        l.w_width as u8,
-        l.w_off as u8,
-    ]);
-    out.extend_from_slice(&(l.slope_min as i32).to_le_bytes());
-    debug_assert!(l.base_min.unsigned_abs() < 1 << 47);
-    out.extend_from_slice(&l.base_min.to_le_bytes()[..6]);
-    if n_intervals > 0 {
-        for v in &s.starts {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in &s.ranks {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    for seg in &s.best {
-        out.extend_from_slice(&(seg.first as u16).to_le_bytes());
-    }
-    let mut w = BitWriter::new(out);
-    let mut res_off = 0u64;
-    for seg in &s.best {
-        w.put((seg.base - l.base_min) as u64, l.w_base);
-        w.put((i64::from(seg.slope_q16) - l.slope_min) as u64, l.w_slope);
-        w.put(u64::from(seg.width), l.w_width);
-        w.put(if l.w_off == 0 { 0 } else { res_off }, l.w_off);
-        res_off += u64::from(seg.len) * u64::from(seg.width);
-    }
-    w.finish();
-    debug_assert_eq!(res_off, l.residual_bits);
     // Residuals need every point; a single segment fitted from the runs' ends has not made them.
     if s.best.iter().any(|seg| seg.width > 0) {
         points(&s.runs, all, &mut s.ys);
     }
-    let mut w = BitWriter::new(out);
-    for seg in s.best.iter().filter(|seg| seg.width > 0) {
-        let width = u32::from(seg.width);
-        for dx in 0..seg.len {
-            let y = i64::from(s.ys[(seg.first + dx) as usize]);
-            w.put((y - predict(seg.base, seg.slope_q16, dx)) as u64, width);
-        }
-    }
-    w.finish();
-    debug_assert_eq!(out.len(), l.bytes);
+    segments::write(
+        live,
+        n_intervals,
+        (&s.starts, &s.ranks),
+        &s.best,
+        &s.ys,
+        out,
+    );
+    debug_assert_eq!(out.len(), best_bytes);
     Some(())
 }
 
@@ -1618,8 +771,7 @@ pub fn live(b: &[u8]) -> u32 {
     if first & RUNS_FLAG == 0 {
         return first;
     }
-    let list = RunList::read(b);
-    (0..list.n).map(|i| list.record(b, i).1).sum()
+    run_list::live(b)
 }
 
 /// Checks that every lookup and the decoded runs of `blob` (padded) agree with `dense` (one PPN
@@ -1724,9 +876,9 @@ pub fn encode_run_list(dense: &[u32], elias_fano: bool) -> Option<Vec<u8>> {
         return None;
     }
     let mut blob = Vec::new();
-    let widths = run_list_widths(&runs);
-    write_run_list(&runs, widths, elias_fano, &mut blob);
-    let (plain, packed) = run_list_bytes(runs.len(), widths.0, widths.1);
+    let widths = run_list::widths(&runs);
+    run_list::write(&runs, widths, elias_fano, &mut blob);
+    let (plain, packed) = run_list::bytes(runs.len(), widths.0, widths.1);
     assert_eq!(
         blob.len(),
         if elias_fano {
@@ -1976,90 +1128,5 @@ mod tests {
         roundtrip(&short_runs);
         let descending: Vec<u32> = (0..g as u32).map(|i| 1_000_000 - 7 * i).collect();
         assert!(roundtrip(&descending) < 48);
-    }
-
-    #[test]
-    fn scattered_pages_take_a_packed_run_list() {
-        // What random writes leave on a fresh large drive: a few dozen single pages a group,
-        // PPNs spread over 2^20 pages. Each costs its offset (2 bytes, or about log2(4096 / n) + 2
-        // bits in an Elias-Fano list of n) and 20 bits of PPN, where a segment blob's intervals
-        // alone took 4 bytes.
-        let mut rng = crate::rng::SplitMix64::new(17);
-        for pages in [1usize, 2, 9, 60, 200] {
-            let mut dense = vec![UNMAPPED; GROUP_LPNS];
-            for _ in 0..pages {
-                // Apart, so that no two join into a run of two.
-                let off = 2 * rng.bounded(GROUP_LPNS as u64 / 2) as usize;
-                dense[off] = rng.bounded(1 << 20) as u32;
-            }
-            let live = dense.iter().filter(|&&p| p != UNMAPPED).count();
-            let mut s = Scratch::default();
-            let blob = encode(&dense, &mut s).expect("mapped").to_vec();
-            assert_eq!(encoding(&blob), Encoding::Runs, "{pages} pages");
-            assert!(
-                blob.len() <= RUNS_HEADER_BYTES + live * 2 + (live * 20).div_ceil(8),
-                "{pages} pages: {} bytes",
-                blob.len()
-            );
-            // From about 16 pages at these PPNs, Elias-Fano offsets save an eighth of the list.
-            if (16..=elias_fano::MAX_RUNS).contains(&live) {
-                let l = elias_fano::low_bits(live) as usize;
-                let unary = live + (GROUP_LPNS >> l);
-                assert!(
-                    blob.len() <= RUNS_HEADER_BYTES + (unary + live * (l + 20)).div_ceil(8),
-                    "{pages} pages: {} bytes",
-                    blob.len()
-                );
-            }
-            check_encodings(&dense, &[]);
-            // A page rewritten within the packed width goes in place; one above it cannot.
-            let mut padded = blob.clone();
-            padded.extend_from_slice(&[0; TAIL_PAD]);
-            let (off, old) = dense
-                .iter()
-                .enumerate()
-                .find(|&(_, &p)| p != UNMAPPED)
-                .map(|(o, &p)| (o as u32, p))
-                .expect("mapped");
-            let list = RunList::read(&padded);
-            assert_eq!(
-                list.w_low > 0,
-                (16..=elias_fano::MAX_RUNS).contains(&live),
-                "{pages} pages"
-            );
-            let above = list.ppn_min + (1 << list.w_ppn);
-            assert!(!update_in_place(&mut padded, off, above));
-            assert_eq!(&padded[..blob.len()], &blob[..]);
-            if list.w_ppn > 0 {
-                let within = if old == list.ppn_min {
-                    old + 1
-                } else {
-                    list.ppn_min
-                };
-                assert!(update_in_place(&mut padded, off, within));
-                dense[off as usize] = within;
-                check_blob(&padded, &dense);
-            }
-        }
-    }
-
-    #[test]
-    fn a_few_long_runs_keep_u16_offsets() {
-        // Eight runs of 100 pages: Elias-Fano offsets would save 5 of the list's 51 bytes (its
-        // records are most of it), under the eighth that pays for their slower lookups.
-        let mut rng = crate::rng::SplitMix64::new(3);
-        let mut dense = vec![UNMAPPED; GROUP_LPNS];
-        for r in 0..8 {
-            let ppn = rng.bounded(1 << 20) as u32;
-            for k in 0..100 {
-                dense[r * 500 + k] = ppn + k as u32;
-            }
-        }
-        let mut s = Scratch::default();
-        let mut blob = encode(&dense, &mut s).expect("mapped").to_vec();
-        assert_eq!((encoding(&blob), blob.len()), (Encoding::Runs, 51));
-        blob.extend_from_slice(&[0; TAIL_PAD]);
-        assert_eq!(RunList::read(&blob).w_low, 0);
-        check_encodings(&dense, &[]);
     }
 }

@@ -1,7 +1,7 @@
 //! The `learned` table: a lossless, compressed LPN -> PPN map.
 //!
 //! The LPN space is cut into groups of `GROUP_LPNS`. Each group's mappings live in one blob
-//! (`group.rs`): the mapped LPNs as runs (holes cost nothing per LPN), and over their ranks
+//! (`group.rs`, in one of the encodings it chooses from): the mapped LPNs as runs (holes cost nothing per LPN), and over their ranks
 //! error-bounded piecewise-linear segments (`fit.rs`) with bit-packed non-negative residuals.
 //! Updates go first to a small per-group buffer of runs (`delta`), which is merged into the
 //! group's blob when the buffer as a whole exceeds its bound: a buffered group holding at least
@@ -19,7 +19,10 @@ mod delta_index;
 mod elias_fano;
 pub mod fit;
 pub mod group;
+mod packed;
 pub mod patches;
+mod run_list;
+mod segments;
 pub mod store;
 pub mod words;
 

@@ -23,10 +23,8 @@
 //! than the group's plain encoding, so the worst case (docs/mapping.md) does not change.
 
 use super::fit::bits_for;
-use super::group::{
-    self, last_le, push_run, rd16, rd_bits, room, wr_bits, BitWriter, Finger, GroupRun, Lookup,
-    NO_ROOM,
-};
+use super::group::{self, last_le, push_run, room, Finger, GroupRun, Lookup, NO_ROOM};
+use super::packed::{rd16, rd_bits, wr_bits, BitWriter};
 use super::GROUP_LPNS;
 
 /// First u16 of a patched blob: segment blobs start with `live` <= 4096 and run lists and

@@ -22,7 +22,8 @@
 //! ```
 
 use super::fit::bits_for;
-use super::group::{rd16, rd64, rd_bits, room, wr_bits, Finger, GroupRun, Lookup, NO_ROOM};
+use super::group::{room, Finger, GroupRun, Lookup, NO_ROOM};
+use super::packed::{rd16, rd64, rd_bits, wr_bits};
 use super::GROUP_LPNS;
 
 /// First u16 of a blob in this encoding (segment blobs start with `live` <= 4096, run lists
