@@ -15,16 +15,19 @@
 
 mod bits;
 mod cursor;
+mod delta;
 mod delta_index;
 mod elias_fano;
 pub mod fit;
 pub mod group;
+mod merge;
 mod packed;
 pub mod patches;
 mod run_list;
 mod segments;
 pub mod store;
 pub mod words;
+mod write_times;
 
 use super::runs::{self, Run};
 use super::MappingTable;
@@ -33,10 +36,13 @@ use bits::{
     BITS_ABOVE_RUNS, BOUND_SCAN_WORDS, NO_BITS,
 };
 use cursor::{ppn_off, Follow, Span, NO_PPN_OFF};
+use delta::{Delta, DeltaRun};
 use delta_index::DeltaIndex;
+use merge::{MergeScratch, MIN_BUFFER_GROUPS, UNBOUNDED_BLOB_BYTES};
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use store::GroupStore;
+use write_times::WriteTimes;
 
 pub const GROUP_SHIFT: u32 = 12;
 pub const GROUP_LPNS: usize = 1 << GROUP_SHIFT;
@@ -45,8 +51,6 @@ const OFFSET_MASK: u32 = GROUP_LPNS as u32 - 1;
 const NO_LAST_DELTA: (u32, u32) = (u32::MAX, u32::MAX);
 /// A buffered trim: the LPN is unmapped even if its group's blob still maps it.
 const TOMBSTONE: u32 = u32::MAX;
-/// PPNs per entry of `WriteTimes` (a quarter of the default preset's superblock).
-const TIME_CHUNK_SHIFT: u32 = 12;
 
 /// The buffer may hold this many LPNs at least...
 pub const BUFFER_MIN_ENTRIES: u64 = 256;
@@ -126,155 +130,6 @@ fn tail_off(lpn: u32, value: u32) -> u64 {
 
 /// The fewest runs a delta's list grows by (see `write_delta_slow`).
 const MIN_RUNS_GROWTH: usize = 8;
-/// A buffered group costs its record (48 bytes) and its first run list (64 bytes) at least, and
-/// 512 bytes of bits once it holds more than 8 runs, so the buffer holds at most one group per
-/// this many LPNs of its bound (and at least
-/// `MIN_BUFFER_GROUPS`), of the groups whose blobs are small (`UNBOUNDED_BLOB_BYTES`): writes
-/// scattered one to a group cannot make it some 75 times its bound's worth of runs. (Uniform
-/// random writes over 1 TiB held 38 MB of buffer for 62 K LPNs.) The nbdkit traces and the
-/// default simulation never reach it; the traces tiled to 16 TiB do, with the groups of a few
-/// LPNs each tile leaves behind (`merge_to_bound`).
-const BOUND_LPNS_PER_GROUP: u64 = 64;
-const MIN_BUFFER_GROUPS: u64 = 64;
-/// A group whose blob takes at least this many bytes is buffered outside that bound: its
-/// buffer's fixed cost (at most about 600 bytes) is then at most about twice its own blob's
-/// size, so the buffer stays within a small multiple of the table. Without it, uniformly random
-/// writes to a fresh drive (768 groups, soon of a hundred or more random PPNs each, against a
-/// bound of 64 groups and more) merged a group of one or two LPNs at about every third write,
-/// 0.2 M simulated writes a wall second; sparse devices, whose groups hold a few LPNs each, keep
-/// the bound as it was (docs/mapping-log.md, "Random writes to a fresh drive"). 512 until run lists
-/// were packed, which made such groups' blobs about a third smaller, then 384 until their offsets
-/// took Elias-Fano lists, a quarter smaller again: 288 keeps about the same groups out of the
-/// bound (docs/mapping-log.md, "Packed run lists" and "Elias-Fano offsets").
-const UNBOUNDED_BLOB_BYTES: usize = 288;
-
-/// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
-/// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
-#[derive(Clone, Copy, Debug)]
-struct DeltaRun {
-    off: u16,
-    len: u16,
-    ppn: u32,
-}
-
-impl Run for DeltaRun {
-    #[inline]
-    fn start(&self) -> u32 {
-        u32::from(self.off)
-    }
-    #[inline]
-    fn len(&self) -> u32 {
-        u32::from(self.len)
-    }
-    #[inline]
-    fn value(&self) -> u32 {
-        self.ppn
-    }
-    #[inline]
-    fn make(start: u32, len: u32, ppn: u32) -> Self {
-        DeltaRun {
-            off: start as u16,
-            len: len as u16,
-            ppn,
-        }
-    }
-    #[inline]
-    fn advance(value: u32, by: u32) -> u32 {
-        if value == TOMBSTONE {
-            TOMBSTONE
-        } else {
-            value + by
-        }
-    }
-    /// The same offset (`tail_off`) `by` keys on: a trim continues only trims, and a PPN only
-    /// PPNs (a run ending at the last valid PPN, `u32::MAX - 1`, advances to `u32::MAX`, which is
-    /// the tombstone, not its next PPN).
-    #[inline]
-    fn continues(value: u32, by: u32, next: u32) -> bool {
-        tail_off(0, value) == tail_off(by, next)
-    }
-}
-
-/// For GC moves: when (by `LearnedMapping::buffer_clock`, which counts buffered writes) a PPN of
-/// each chunk of `2^TIME_CHUNK_SHIFT` was last written to the buffer. A move of `lpn` from `from`
-/// is told `from` is its current PPN; were the buffer to hold `lpn`, it would hold `from`,
-/// buffered no earlier than the delta was made (`Delta::since`). So where `from`'s chunk was
-/// last buffered before that, the buffer does not hold `lpn`, and the search of the delta's runs
-/// (a fifth of the default preset's time, on cache misses) is skipped. Moves come from old,
-/// mostly invalid blocks, written before their groups' last merges made the deltas they have
-/// now. Kept only once the table has seen a move (`ftlab mapbench` without GC does not carry
-/// it); a chunk not written since reads as `floor`, the clock then, which skips nothing for
-/// deltas as old.
-#[derive(Clone, Debug, Default)]
-struct WriteTimes {
-    on: bool,
-    floor: u32,
-    chunks: Vec<u32>,
-}
-
-impl WriteTimes {
-    /// Records that PPNs `first..=last` were buffered at `time`.
-    #[inline]
-    fn note(&mut self, first: u32, last: u32, time: u32) {
-        let (a, b) = (
-            (first >> TIME_CHUNK_SHIFT) as usize,
-            (last >> TIME_CHUNK_SHIFT) as usize,
-        );
-        if b >= self.chunks.len() {
-            // Grown by half again at least, so a device filled in PPN order costs O(1) amortised.
-            let want = (b + 1).max(self.chunks.len() * 3 / 2);
-            self.chunks.resize(want, self.floor);
-        }
-        self.chunks[a..=b].fill(time);
-    }
-
-    /// Whether no PPN of `ppn`'s chunk was buffered at `since` or later.
-    #[inline]
-    fn before(&self, ppn: u32, since: u32) -> bool {
-        self.on
-            && self
-                .chunks
-                .get((ppn >> TIME_CHUNK_SHIFT) as usize)
-                .map_or(self.floor, |&t| t)
-                < since
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Delta {
-    group: u32,
-    /// LPNs covered by `runs` (at most `GROUP_LPNS`).
-    entries: u16,
-    /// The run the group's last write went to: where a sequential write continues
-    /// (`runs::extend_at`). Only a hint, in 16 bits.
-    cursor: u16,
-    /// The buffer's clock when the delta was made: every update it holds was buffered then or
-    /// later (`WriteTimes`).
-    since: u32,
-    /// Whether its group's blob, when the delta was made, took fewer than
-    /// `UNBOUNDED_BLOB_BYTES` (the blob keeps its length until the delta is merged): only such
-    /// deltas count against the bound on groups (`small_deltas`).
-    small: bool,
-    /// Its slot in `bits_pool` (which offsets `runs` hold), kept once it holds more than
-    /// `BITS_ABOVE_RUNS` runs (until then they are scanned); `NO_BITS` before.
-    bits: u32,
-    runs: Vec<DeltaRun>,
-}
-
-// A delta's record, as `BOUND_LPNS_PER_GROUP`'s comment counts it (on 64-bit targets).
-#[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Delta>() == 48);
-
-/// Working memory of merges, allocated per round of merges (not part of the table at rest).
-#[derive(Default)]
-struct MergeScratch {
-    /// The group's current runs, decoded from its blob.
-    base: Vec<group::GroupRun>,
-    /// Those with the buffered updates laid over them.
-    merged: Vec<group::GroupRun>,
-    encode: group::Scratch,
-}
-
 /// The table's counts of its own work (the report's `mapping.learned`, in this order).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LearnedStats {
@@ -548,19 +403,6 @@ impl LearnedMapping {
                 delta.group
             );
         }
-    }
-
-    #[inline]
-    pub fn buffer_bound(&self) -> u64 {
-        (self.live >> self.buffer_live_shift)
-            .min(BUFFER_MAX_ENTRIES)
-            .max(self.buffer_min_entries)
-    }
-
-    /// The most groups the buffer may hold, for `bound` LPNs (`buffer_bound`).
-    #[inline]
-    fn buffer_group_bound(&self, bound: u64) -> usize {
-        (bound / BOUND_LPNS_PER_GROUP).max(self.buffer_min_groups) as usize
     }
 
     /// The current mapping and whether the buffer holds it, without counting a lookup.
@@ -1121,109 +963,6 @@ impl LearnedMapping {
         self.buffered_entries -= u64::from(delta.entries);
         self.small_deltas -= usize::from(delta.small);
         delta
-    }
-
-    /// Merges until the buffer fits its bound, then gives the tail its budget (`Tail::limit`).
-    /// Every update that changes the buffer, other than `defer_tail`, ends with it.
-    #[inline]
-    fn merge_while_over_bound(&mut self) {
-        debug_assert_eq!(self.tail.pending(), 0);
-        // Merges do not change the live count, so neither do they the bound.
-        let bound = self.buffer_bound();
-        let group_bound = self.buffer_group_bound(bound);
-        if self.buffered_entries > bound || self.small_deltas > group_bound {
-            self.merge_to_bound(bound, group_bound);
-        }
-        self.buffer_group_cap = group_bound;
-        // Half the room left: each deferred append adds one LPN to the buffer, and a trim also
-        // lowers the bound by at most one per `d` (`live >> buffer_live_shift`, d >= 1), so `k`
-        // of them take at most `k + ceil(k / d) <= 2k` of it. Merges therefore happen exactly when
-        // checking after every update would make them. (A u32: the bound is at most 2^32.)
-        debug_assert!(self.buffered_entries <= bound);
-        let budget = ((bound - self.buffered_entries) / 2) as u32;
-        let t = &mut self.tail;
-        t.limit = t.bound.min(t.lpn.saturating_add(budget));
-    }
-
-    #[cold]
-    fn merge_to_bound(&mut self, bound: u64, group_bound: usize) {
-        let mut work = MergeScratch::default();
-        while self.buffered_entries > bound || self.small_deltas > group_bound {
-            if self.buffered_entries <= bound {
-                // Too many groups, not too many LPNs: the hand's next counted group, whatever
-                // it holds. Groups of a few LPNs that a stream left behind are never at the
-                // mean, and otherwise stayed until the end (the files trace tiled to 16 TiB: 25
-                // K groups, 98 % of them of at most 8 LPNs, 24 MB of buffer for its 1 M LPNs);
-                // taking them in turn leaves none behind for long. The hand passes each
-                // uncounted group at most once a rotation.
-                let d = loop {
-                    let d = self.clock_next();
-                    if self.deltas[d].small {
-                        break d;
-                    }
-                };
-                self.merge(d as u32, &mut work);
-                continue;
-            }
-            // A clock hand over the buffered groups picks the next one holding at least the
-            // mean number of entries, rounded down (one always does): each merge folds about an
-            // average share of the buffer. With n groups buffered, that mean m and the largest
-            // holding `max`, the q groups that qualify satisfy q (max - m + 1) >= n, so over a
-            // rotation the hand passes at most max - m + 1 groups a merge, however many are
-            // buffered. Rounded up, one group of two entries among thousands of one (a sparse
-            // device: the MSR hm0 sample tiled to 16 TiB) cost a scan of the whole buffer per
-            // merge: 0.8 M updates a second, 15.8 M rounded down.
-            let mean = self.buffered_entries / self.deltas.len() as u64;
-            let d = loop {
-                let d = self.clock_next();
-                if u64::from(self.deltas[d].entries) >= mean {
-                    break d;
-                }
-            };
-            self.merge(d as u32, &mut work);
-        }
-    }
-
-    /// The buffered group under the clock hand, which then moves on (wrapping).
-    fn clock_next(&mut self) -> usize {
-        if self.clock >= self.deltas.len() {
-            self.clock = 0;
-        }
-        self.clock += 1;
-        self.clock - 1
-    }
-
-    /// Folds delta `d` into its group's blob.
-    fn merge(&mut self, d: u32, work: &mut MergeScratch) {
-        let delta = self.drop_delta(d);
-        let g = delta.group;
-        work.base.clear();
-        if let Some(blob) = self.groups.blob(g) {
-            group::decode_runs(blob, &mut work.base);
-        }
-        group::overlay(
-            &work.base,
-            &delta.runs,
-            |r| {
-                let ppn = (r.ppn != TOMBSTONE).then_some(r.ppn);
-                (u32::from(r.off), u32::from(r.len), ppn)
-            },
-            &mut work.merged,
-        );
-        self.groups
-            .set(g, group::encode_runs(&work.merged, &mut work.encode));
-        // The arena may have grown before its garbage was collected; the delta is still held.
-        let rest = self.heap_bytes() - self.groups.heap_bytes();
-        self.peak_bytes = self.peak_bytes.max(
-            self.groups.set_peak_heap_bytes()
-                + rest
-                + delta.runs.capacity() * std::mem::size_of::<DeltaRun>(),
-        );
-        // The span may say "buffered" for what is now compressed (only the statistics care).
-        *self.span.get_mut() = Span::default();
-        self.follow.get_mut().lpn = 0;
-        self.stats.merges += 1;
-        self.stats.merged_entries += u64::from(delta.entries);
     }
 
     /// GC moves a run's pages one after another, each into the buffer (a page inside a run cannot
