@@ -4,7 +4,7 @@
 //! where a few pages leave a line that resumes after them (outliers), whichever of those the
 //! group without them takes, with the outliers listed apart (`patches.rs`), if that is smaller
 //! (docs/mapping.md draws all four). A blob's first u16 says which: a segment blob's `live`
-//! (below 2^15), or a flag above it (`RUNS_FLAG`, `WORDS_FLAG`, `PATCH_FLAG`).
+//! (at most `GROUP_LPNS`), or a flag above any `live` (`PATCH_FLAG`, `WORDS_FLAG`, `RUNS_FLAG`).
 //!
 //! This file holds what the encodings share (the answer a lookup gives, the position it leaves
 //! for the next, the searches of sorted u16 offsets), dispatches each operation on a blob to
