@@ -120,7 +120,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 }
 
 /// Proleptic Gregorian (year, month, day) of a day count since 1970-01-01, the inverse of
-/// [`days_from_civil`] (Howard Hinnant's `civil_from_days`).
+/// `days_from_civil` (Howard Hinnant's `civil_from_days`).
 pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
