@@ -22,5 +22,7 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The API docs build without warnings (broken or private intra-doc links).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo nextest run --workspace --no-fail-fast
 cargo test --workspace --doc
