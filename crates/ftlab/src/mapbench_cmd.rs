@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR;
 use ftlab::mapbench::{self, DriveSetup, OpsOptions, PpnSource, SIM_SPARE_FACTOR, TABLE_NAMES};
+use ftlab::report::binary_size;
 use ftlab::trace::TraceFormat;
 use std::path::PathBuf;
 
@@ -250,22 +251,6 @@ fn run_tiled(
         "the learned table did not read back every mapping"
     );
     Ok(())
-}
-
-/// `bytes` in the largest binary unit that leaves at least 1 of it (`13.5 MiB`, `16.0 TiB`).
-fn binary_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 fn parse_spare_factor(text: &str) -> Result<f64, String> {

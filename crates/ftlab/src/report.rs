@@ -350,6 +350,23 @@ pub(crate) fn bytes_per_mapping(bytes: u64, live: u64) -> f64 {
     }
 }
 
+/// `bytes` in the largest binary unit that leaves at least 1 (B, KiB, MiB, GiB, TiB), for the
+/// human summaries: a learned table of a few KB read "0.0 MiB".
+pub fn binary_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 pub(crate) fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
@@ -559,27 +576,36 @@ impl Report {
                 );
             }
         }
-        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-        // The compacted size only where it differs (a flat array has nothing to fold).
-        let compacted = if self.mapping.bytes_compacted == self.mapping.bytes {
+        let m = &self.mapping;
+        // The compacted size only where it differs (a flat array has nothing to fold), with its
+        // bytes per live mapping: the figure to compare tables by (docs/mapping.md).
+        let compacted = if m.bytes_compacted == m.bytes {
             String::new()
         } else {
-            format!(", {:.1} MiB compacted", mib(self.mapping.bytes_compacted))
+            format!(", {} compacted", binary_size(m.bytes_compacted))
+        };
+        let per_mapping = if m.bytes_compacted == m.bytes {
+            format!("{:.2} B per live mapping", m.bytes_per_live_mapping)
+        } else {
+            format!(
+                "{:.2} B per live mapping, {:.2} compacted",
+                m.bytes_per_live_mapping,
+                bytes_per_mapping(m.bytes_compacted, m.live_mappings)
+            )
         };
         // The peak only where the table ever held more than at the end.
-        let peak = if self.mapping.bytes_peak > self.mapping.bytes {
-            format!(" (peak {:.1} MiB)", mib(self.mapping.bytes_peak))
+        let peak = if m.bytes_peak > m.bytes {
+            format!(" (peak {})", binary_size(m.bytes_peak))
         } else {
             String::new()
         };
         let _ = writeln!(
             o,
-            "mapping    {} table {:.1} MiB{peak}{compacted} ({:.2} B per live mapping, {} live); all FTL metadata {:.1} MiB",
-            self.mapping.table,
-            mib(self.mapping.bytes),
-            self.mapping.bytes_per_live_mapping,
-            self.mapping.live_mappings,
-            mib(self.mapping.ftl_metadata_bytes)
+            "mapping    {} table {}{peak}{compacted} ({per_mapping}; {} live); all FTL metadata {}",
+            m.table,
+            binary_size(m.bytes),
+            m.live_mappings,
+            binary_size(m.ftl_metadata_bytes)
         );
         if let Some(f) = self.mapping.compressed_get_fraction {
             let cursor = self
@@ -621,5 +647,26 @@ impl Report {
             );
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::binary_size;
+
+    #[test]
+    fn binary_sizes_take_the_largest_unit_that_leaves_at_least_one() {
+        for (bytes, text) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (21_175, "20.7 KiB"),
+            (12 << 20, "12.0 MiB"),
+            ((3 << 30) + (1 << 29), "3.5 GiB"),
+            (16 << 40, "16.0 TiB"),
+            (1 << 60, "1048576.0 TiB"),
+        ] {
+            assert_eq!(binary_size(bytes), text, "{bytes}");
+        }
     }
 }

@@ -60,6 +60,55 @@ fn sim_writes_a_json_report_with_the_documented_keys() {
 }
 
 #[test]
+fn the_summary_gives_a_small_tables_bytes_in_a_unit_that_shows_them() {
+    // The learned table holds rocksdb's trace in a few KB, which the summary once printed as
+    // "0.0 MiB"; its compacted bytes per live mapping (what mapbench and docs/mapping.md
+    // compare) are printed beside those as the run ended.
+    let dir = temp_dir("cli-summary-units");
+    let json = dir.join("r.json");
+    let rocksdb = trace("rocksdb.nbdlog.gz");
+    let (ok, stdout, stderr) = ftlab(&[
+        "sim",
+        "--set",
+        "ftl.mapping=learned",
+        "--trace",
+        rocksdb.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let v = read_json(&json);
+    let m = &v["mapping"];
+    let (bytes, compacted, live) = (
+        m["bytes"].as_u64().unwrap(),
+        m["bytes_compacted"].as_u64().unwrap(),
+        m["live_mappings"].as_u64().unwrap(),
+    );
+    assert!(bytes < 1 << 20 && compacted < bytes, "{m}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("mapping "))
+        .expect("a mapping line");
+    assert!(!line.contains("0.0 MiB"), "{line}");
+    let kib = |b: u64| format!("{:.1} KiB", b as f64 / 1024.0);
+    assert!(
+        line.contains(&format!("learned table {}", kib(bytes))),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("{} compacted", kib(compacted))),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!(
+            ", {:.2} compacted; {live} live",
+            compacted as f64 / live as f64
+        )),
+        "{line}"
+    );
+}
+
+#[test]
 fn errors_name_what_is_wrong_and_nothing_panics() {
     let dir = temp_dir("cli-errors");
     let (ok, _, err) = ftlab(&["sim", "--set", "flash.chanels=4"]);
