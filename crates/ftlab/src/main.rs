@@ -79,6 +79,12 @@ pub struct ConfigArgs {
 }
 
 #[derive(Args)]
+#[command(after_help = "Examples:\n  \
+ftlab sim                            # the built-in default: 16 GiB FEMU-like SSD, steady state, 1 M random 4 KiB writes\n  \
+ftlab sim --set ftl.mapping=learned  # the same on another mapping table: flat, hash, extent or learned (same results, other DRAM)\n  \
+ftlab sim --trace ../shared/traces/rocksdb.nbdlog.gz --json r.json\n  \
+ftlab sim --set workload.kind=zipf --set ftl.gc_thres_pcent=90 --csv series.csv\n\n\
+Every key --set and --config take is in docs/config.md; `ftlab config` prints them resolved.")]
 struct SimArgs {
     #[command(flatten)]
     config: ConfigArgs,

@@ -1,6 +1,7 @@
 //! The reference docs against the program: every key the program writes is documented, and every
 //! documented key exists, so that docs/config.md, docs/report-schema.md, the `--json` example in
-//! docs/mapping.md and the README's table of `serve` flags cannot drift from the code unnoticed.
+//! docs/mapping.md, the README's table of `serve` flags and the examples `ftlab sim --help` gives
+//! cannot drift from the code unnoticed.
 
 use crate::support::{ftlab, read_json, temp_dir};
 use serde_json::Value;
@@ -296,4 +297,62 @@ fn the_readme_documents_every_flag_of_serve() {
         unknown.is_empty(),
         "in the README but not `ftlab serve --help`: {unknown:?}"
     );
+}
+
+#[test]
+fn the_examples_of_sim_help_run() {
+    let (ok, help, stderr) = ftlab(&["sim", "--help"]);
+    assert!(ok, "{stderr}");
+    let examples: Vec<Vec<&str>> = help
+        .split("Examples:")
+        .nth(1)
+        .expect("`ftlab sim --help` has examples")
+        .lines()
+        .skip(1)
+        .map(|l| l.split(" #").next().unwrap().trim())
+        .take_while(|l| l.starts_with("ftlab sim"))
+        .map(|l| l.split_whitespace().skip(1).collect())
+        .collect();
+    assert!(examples.len() >= 3, "{help}");
+    assert!(
+        examples.iter().any(|e| e.contains(&"ftl.mapping=learned")),
+        "the help shows how to choose a mapping table: {help}"
+    );
+    let dir = temp_dir("sim-help-examples");
+    for example in &examples {
+        // Paths under ../shared are the project root's; outputs go to the test's directory.
+        let args: Vec<String> = example
+            .iter()
+            .map(|a| match a.strip_prefix("../shared/") {
+                Some(rest) => crate::support::shared().join(rest).display().to_string(),
+                None => a.to_string(),
+            })
+            .collect();
+        // A few thousand requests on a fresh drive (a trace is replayed whole either way).
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(&args)
+            .args([
+                "-q",
+                "--set",
+                "workload.requests=3000",
+                "--set",
+                "workload.precondition=false",
+            ])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ftlab {}: {}",
+            example.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (flag, file) in example.iter().zip(example.iter().skip(1)) {
+            if ["--json", "--csv"].contains(flag) {
+                let written = dir.path().join(file);
+                assert!(written.is_file(), "ftlab {}: no {file}", example.join(" "));
+            }
+        }
+    }
+    assert!(read_json(dir.path().join("r.json"))["host_write_pages"].as_u64() > Some(0));
 }
