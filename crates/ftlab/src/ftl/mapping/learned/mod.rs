@@ -1,15 +1,17 @@
 //! The `learned` table: a lossless, compressed LPN -> PPN map.
 //!
-//! The LPN space is cut into groups of `GROUP_LPNS`. Each group's mappings live in one blob
-//! (`group.rs`, in one of the encodings it chooses from): the mapped LPNs as runs (holes cost nothing per LPN), and over their ranks
-//! error-bounded piecewise-linear segments (`fit.rs`) with bit-packed non-negative residuals.
-//! Updates go first to a small per-group buffer of runs (`delta`), which is merged into the
-//! group's blob when the buffer as a whole exceeds its bound: a buffered group holding at least
-//! the mean share is decoded to runs, the buffered runs laid over them, and the group re-encoded.
-//! The bound is a fraction of the live mappings, so the compressed layer, not the buffer, answers
-//! most lookups (`compressed_get_fraction`). A one-entry cursor (`Span`) remembers the range the
-//! last lookup resolved, so sequential lookups and updates skip the searches; and where that
-//! range ended in its blob (`Follow`), so a lookup of the LPN right after it does too.
+//! The LPN space is cut into groups of `GROUP_LPNS`. Each group's mappings live in one blob, in the
+//! encoding `group.rs` chooses for it: the learned one (`segments.rs`: the mapped LPNs as runs,
+//! holes costing nothing per LPN, and over their ranks error-bounded piecewise-linear segments,
+//! `fit.rs`, with bit-packed non-negative residuals), a run list, bitmap words, or one of those
+//! with its outliers listed apart. Updates go first to a small per-group buffer of runs
+//! (`delta.rs`), which is merged into the group's blob when the buffer as a whole exceeds its bound
+//! (`merge.rs`): a buffered group holding at least the mean share is decoded to runs, the buffered
+//! runs laid over them, and the group re-encoded. The bound is a fraction of the live mappings, so
+//! the compressed layer, not the buffer, answers most lookups (`compressed_get_fraction`). A
+//! one-entry cursor (`Span`) remembers the range the last lookup resolved, so sequential lookups
+//! and updates skip the searches; and where that range ended in its blob (`Follow`), so a lookup of
+//! the LPN right after it does too.
 //!
 //! Must not know: flash geometry beyond the LPN count, timing, or where PPNs come from.
 
