@@ -39,8 +39,8 @@ for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_conne
     failed+=("$t")
     continue
   fi
-  # INITED ends the replay of the saved corpus (its number: the runs the replay took); runs after it are
-  # new. A large corpus can take the whole budget to replay (README, the paragraph on fuzzing).
+  # INITED ends the replay of the saved corpus (its number: the runs the replay took); the runs
+  # after it are new. A large corpus can take the whole budget to replay (README, on fuzzing).
   grep -E 'INITED|^Done' "$log"
 done
 if [ "${#failed[@]}" -gt 0 ]; then
