@@ -579,18 +579,16 @@ impl Report {
         let m = &self.mapping;
         // The compacted size only where it differs (a flat array has nothing to fold), with its
         // bytes per live mapping: the figure to compare tables by (docs/mapping.md).
-        let compacted = if m.bytes_compacted == m.bytes {
-            String::new()
+        let per_mapping = format!("{:.2} B per live mapping", m.bytes_per_live_mapping);
+        let (compacted, per_mapping) = if m.bytes_compacted == m.bytes {
+            (String::new(), per_mapping)
         } else {
-            format!(", {} compacted", binary_size(m.bytes_compacted))
-        };
-        let per_mapping = if m.bytes_compacted == m.bytes {
-            format!("{:.2} B per live mapping", m.bytes_per_live_mapping)
-        } else {
-            format!(
-                "{:.2} B per live mapping, {:.2} compacted",
-                m.bytes_per_live_mapping,
-                bytes_per_mapping(m.bytes_compacted, m.live_mappings)
+            (
+                format!(", {} compacted", binary_size(m.bytes_compacted)),
+                format!(
+                    "{per_mapping}, {:.2} compacted",
+                    bytes_per_mapping(m.bytes_compacted, m.live_mappings)
+                ),
             )
         };
         // The peak only where the table ever held more than at the end.
