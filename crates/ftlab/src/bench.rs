@@ -18,13 +18,13 @@ pub struct BenchArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// store: pages of real files taken from each corpus directory.
-    #[arg(long, default_value_t = 40_000)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
     /// serve: seconds each fio job runs.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seconds: u32,
     /// serve: runs of each job per server, alternating between them; medians are reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// store: corpus directories (comma-separated).
     #[arg(
@@ -97,10 +97,10 @@ fn steady(logical_gib: u64) -> Result<()> {
     let logical_pages = report.device.logical_bytes / 4096;
     let base = baseline_random_map_updates(logical_pages, report.host_write_pages);
     println!(
-        "| steady-state uniform 4 KiB, {} GiB, rho 0.28 | {:.2} M pages/s | WAF {:.3} | baseline (random flat-table store only) {:.2} M/s | ratio {:.3} |",
+        "| steady-state uniform 4 KiB, {} GiB, rho 0.28 | {:.2} M pages/s | WAF {} | baseline (random flat-table store only) {:.2} M/s | ratio {:.3} |",
         logical_gib,
         sim_rate / 1e6,
-        report.waf,
+        ftlab::report::waf_text(report.waf),
         base / 1e6,
         sim_rate / base
     );
@@ -159,8 +159,8 @@ fn replay(args: &BenchArgs) -> Result<()> {
         .count();
     let read_secs = start.elapsed().as_secs_f64();
     println!(
-        "| DiskSim replay, {} requests (fill 3.8 GiB + 3.1 M random 4 KiB), spare 7 % | {:.3} s end to end | WAF {:.3} | baseline (read + split {} lines) {:.3} s | ratio {:.1} |",
-        requests, secs, report.waf, lines, read_secs, secs / read_secs
+        "| DiskSim replay, {} requests (fill 3.8 GiB + 3.1 M random 4 KiB), spare 7 % | {:.3} s end to end | WAF {} | baseline (read + split {} lines) {:.3} s | ratio {:.1} |",
+        requests, secs, ftlab::report::waf_text(report.waf), lines, read_secs, secs / read_secs
     );
     Ok(())
 }

@@ -47,6 +47,11 @@ pub enum ConfigError {
     BadOverride(String),
     #[error("config key `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+    #[error(
+        "--set {key}={value}: out of range: an integer must be between -9223372036854775808 \
+         and 9223372036854775807 (2^63 - 1, TOML's range)"
+    )]
+    OutOfRange { key: String, value: String },
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -295,8 +300,20 @@ impl ConfigBuilder {
         let value = value.trim();
         let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+            .and_then(|mut t| t.remove("v"));
+        // An integer TOML cannot hold would otherwise become a string, and be refused as "a
+        // string where an integer was expected", which hides the real reason.
+        let digits = value.strip_prefix(['+', '-']).unwrap_or(value);
+        if parsed.is_none()
+            && !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_')
+        {
+            return Err(ConfigError::OutOfRange {
+                key: key.to_string(),
+                value: value.to_string(),
+            });
+        }
+        let parsed = parsed.unwrap_or_else(|| toml::Value::String(value.to_string()));
         let mut layer = toml::Table::new();
         let mut cursor = &mut layer;
         let parts: Vec<&str> = key.split('.').collect();

@@ -98,7 +98,7 @@ struct SimArgs {
     #[arg(long, value_parser = ["open", "closed"])]
     replay: Option<String>,
     /// Multiply trace inter-arrival times by this (0.5 = twice as fast).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     time_scale: Option<f64>,
     /// Count and skip malformed trace lines instead of stopping at the first.
     #[arg(long)]
@@ -111,7 +111,7 @@ struct SimArgs {
     #[arg(long)]
     precondition: bool,
     /// Workload seed (workload.seed), up to 2^63 - 1: a TOML integer, as in a config file.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(..=i64::MAX as u64))]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_seed)]
     seed: Option<u64>,
     /// Write the JSON report here.
     #[arg(long)]
@@ -122,6 +122,21 @@ struct SimArgs {
     /// No summary on stdout, no progress bar.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// A seed as a TOML config can hold it: 0 to 2^63 - 1, a negative or too large one named as such
+/// (not as "invalid digit" or an unexpected argument).
+fn parse_seed(text: &str) -> Result<u64, String> {
+    let v: i128 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not an integer"))?;
+    u64::try_from(v)
+        .ok()
+        .filter(|&s| s <= i64::MAX as u64)
+        .ok_or_else(|| {
+            format!("{v} is not in 0..=9223372036854775807 (2^63 - 1, TOML's largest integer)")
+        })
 }
 
 /// Preset, then `defaults` (what a command implies), then files, then --set, then `extra` (the

@@ -34,7 +34,7 @@ pub struct MapbenchArgs {
     ppns: String,
     /// With --ppns simulator or both: the simulated drive's spare fraction, (physical -
     /// logical) / physical, to which its flash is sized [default: 0.07].
-    #[arg(long, value_name = "F", value_parser = parse_spare_factor)]
+    #[arg(long, allow_negative_numbers = true, value_name = "F", value_parser = parse_spare_factor)]
     spare_factor: Option<f64>,
     /// With --ppns simulator or both: a setting of the simulated drive over the default preset,
     /// as `ftlab sim --set` takes it (docs/config.md), e.g. ftl.gc_separate_frontier=true,
@@ -50,7 +50,7 @@ pub struct MapbenchArgs {
     tables: Vec<String>,
     /// Device size in bytes (the LPN space); default: the highest address the trace touches,
     /// rounded up to a GiB.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     device_bytes: Option<u64>,
     /// Fill the device first: every LPN written once, in order, before the trace (as `ftlab sim
     /// --precondition` fills a drive, without its random overwrites), so the trace runs on a
@@ -62,17 +62,17 @@ pub struct MapbenchArgs {
     /// Instead of the side-by-side comparison: repeat the (single, log-head) trace's pattern over
     /// a device of this size (bytes, or with K/M/G/T: 16T is 16 TiB) with the learned table alone,
     /// and report its memory; flat arrays of that size are only computed.
-    #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
+    #[arg(long, allow_negative_numbers = true, value_name = "SIZE", value_parser = crate::serve::parse_size)]
     tile_to: Option<u64>,
     /// Throughput is the fastest of this many runs, each on a fresh table (in each run the
     /// lookup phases are timed three times over); latency quantiles are the median over as many
     /// timed passes.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// The learned table's update buffer may hold one in N live mappings (N a power of two up
     /// to 2^20; whatever N, at least 256 and at most 2^20 LPNs). A smaller N means fewer merges
     /// and more lookups answered by the buffer rather than the compressed layer.
-    #[arg(long, value_name = "N", default_value_t = BUFFER_LIVE_DIVISOR, value_parser = parse_divisor)]
+    #[arg(long, allow_negative_numbers = true, value_name = "N", default_value_t = BUFFER_LIVE_DIVISOR, value_parser = parse_divisor)]
     learned_buffer_divisor: u64,
     /// Write the results as JSON: one object per trace and PPN source (an array when several).
     #[arg(long)]

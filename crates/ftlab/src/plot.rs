@@ -57,7 +57,7 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
         * 1.1;
     let mut chart = ChartBuilder::on(&top)
         .caption(
-            format!("WAF over time (overall {:.3})", r.waf),
+            format!("WAF over time (overall {})", ftlab::report::waf_text(r.waf)),
             ("sans-serif", 24),
         )
         .margin(12)

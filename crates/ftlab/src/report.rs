@@ -27,7 +27,7 @@ pub struct SeriesRow {
     pub nand_write_pages: u64,
     /// WAF within this interval (0 when the host wrote nothing).
     pub waf: f64,
-    /// WAF since the measured phase began.
+    /// WAF since the measured phase began (0 before the host wrote anything).
     pub waf_cumulative: f64,
     /// Requests arriving per simulated second in this interval.
     pub iops: f64,
@@ -131,7 +131,7 @@ impl Recorder {
             } else {
                 nand as f64 / host as f64
             },
-            waf_cumulative: s.waf(),
+            waf_cumulative: s.waf().unwrap_or(0.0),
             iops: self.requests_in_interval as f64 * 1e9 / width_ns.max(1) as f64,
             free_superblocks: ftl.free_superblocks(),
             mapping_bytes: ftl.mapping_bytes() as u64,
@@ -288,7 +288,8 @@ pub struct Requests {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Report {
     pub ftlab_version: String,
-    pub waf: f64,
+    /// `None` (JSON `null`) when the measured phase had no host write.
+    pub waf: Option<f64>,
     pub host_write_pages: u64,
     pub nand_write_pages: u64,
     pub gc_write_pages: u64,
@@ -367,6 +368,11 @@ pub fn binary_size(bytes: u64) -> String {
     }
 }
 
+/// A WAF as the summaries print it: three decimals, or `n/a` when the host wrote nothing.
+pub fn waf_text(waf: Option<f64>) -> String {
+    waf.map_or_else(|| "n/a (no host writes)".into(), |w| format!("{w:.3}"))
+}
+
 pub(crate) fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
@@ -411,7 +417,7 @@ impl Report {
         let erase_counts = ftl.blocks().erase_counts();
         Report {
             ftlab_version: env!("CARGO_PKG_VERSION").to_string(),
-            waf: round6(s.waf()),
+            waf: s.waf().map(round6),
             host_write_pages: s.host_write_pages,
             nand_write_pages: s.nand_write_pages(),
             gc_write_pages: s.gc_write_pages,
@@ -543,7 +549,7 @@ impl Report {
             self.gc_write_pages,
             self.mapping_write_pages
         );
-        let _ = writeln!(o, "WAF        {:.3}", self.waf);
+        let _ = writeln!(o, "WAF        {}", waf_text(self.waf));
         let _ = writeln!(
             o,
             "GC         {} background + {} foreground superblocks, {} block erases (per block min {} / mean {:.2} / max {})",

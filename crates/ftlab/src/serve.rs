@@ -35,7 +35,7 @@ pub struct ServeArgs {
     store: String,
     /// Memory limit of the page store, as zram's mem_limit: bytes, or with a K/M/G/T suffix
     /// (powers of 1024). Writes that need more memory fail with ENOSPC; trims free memory.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_size)]
     mem_limit: Option<u64>,
     /// Reply timing: none, real (hold replies until the simulated completion), scaled:FACTOR.
     #[arg(long, default_value = "none")]
@@ -49,16 +49,32 @@ pub struct ServeArgs {
     record_format: String,
     /// Load the device's bytes from this raw image at start (when it exists) and save them back
     /// at a clean shutdown (SIGINT, SIGTERM or SIGHUP: connections are drained first, so every write
-    /// acknowledged is saved). Nothing is saved if the process dies otherwise.
+    /// acknowledged is saved). Nothing is saved if the process dies otherwise. The image must be a
+    /// regular file of exactly the export's size, or absent (then it is created at the save); a
+    /// symbolic link is resolved once at start, and the save replaces its target (written beside
+    /// the target, then renamed), leaving the link as it is. A device node, FIFO, socket or
+    /// directory is refused.
     #[arg(long)]
     image: Option<PathBuf>,
+    /// Accept an --image smaller than the export (an empty file included): the pages past its
+    /// end read as zeros, and the save writes it at the export's full size. Without this flag a
+    /// size mismatch is refused, since a truncated image would silently lose its missing part
+    /// for good at the next save.
+    #[arg(long, requires = "image")]
+    grow_image: bool,
     /// Write live statistics (JSON) to this file at start, every --stats-interval seconds
     /// and at exit.
     #[arg(long)]
     stats: Option<PathBuf>,
     /// Seconds between two writes of --stats.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 5.0)]
     stats_interval: f64,
+    /// Write the server's process ID here once every listener is bound (a script or service
+    /// manager waits for it to appear), remove it at exit. A stale file (its process gone) is
+    /// replaced; one naming a running process is an error. Under systemd (`NOTIFY_SOCKET` set),
+    /// `READY=1` is also sent at that moment, so `Type=notify` units work.
+    #[arg(long)]
+    pidfile: Option<PathBuf>,
 }
 
 /// "512M" -> 536870912: a byte count with an optional K, M, G or T (binary) suffix.
@@ -139,18 +155,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         )
         .map_err(anyhow::Error::msg)?,
     );
-    if let Some(image) = &args.image {
-        device
-            .check_image_writable(image)
-            .map_err(anyhow::Error::msg)?;
-        if image.exists() {
-            let pages = device.load_image(image).map_err(anyhow::Error::msg)?;
-            eprintln!(
-                "ftlab serve: loaded {pages} non-zero pages from {}",
-                image.display()
-            );
+    // Where the image is loaded from and saved to: a symbolic link's target, resolved once.
+    let image = match &args.image {
+        Some(path) => {
+            let image = resolve_image(path)?;
+            device
+                .check_image_writable(&image.path)
+                .map_err(anyhow::Error::msg)?;
+            if image.exists {
+                let pages = device
+                    .load_image(&image.path, args.grow_image)
+                    .map_err(anyhow::Error::msg)?;
+                eprintln!(
+                    "ftlab serve: loaded {pages} non-zero pages from {}",
+                    image.path.display()
+                );
+            }
+            Some(image.path)
         }
-    }
+        None => None,
+    };
     if let Some(path) = &args.stats {
         // Now, so that a path that cannot be written stops `serve` before any client comes.
         write_stats(&device, path)?;
@@ -162,35 +186,61 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // A closed terminal (or ssh session) ends the device as cleanly, its image saved.
         libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
     }
-    let mut tcp = None;
-    if !args.no_tcp {
+    // Every listener is bound before anything says "ready": a banner followed by a failure to
+    // bind the next listener told scripts the server was up when it was about to exit.
+    anyhow::ensure!(
+        !args.no_tcp || args.unix.is_some(),
+        "no listener: give --unix or drop --no-tcp"
+    );
+    let tcp = if args.no_tcp {
+        None
+    } else {
         let l = TcpListener::bind(&args.listen)
             .with_context(|| format!("listening on {}", args.listen))?;
         l.set_nonblocking(true)?;
-        eprintln!(
-            "ftlab serve: export `{}` ({} bytes) on nbd://{}",
-            args.export_name,
-            device.size_bytes(),
-            args.listen
-        );
-        tcp = Some(l);
+        Some(l)
+    };
+    let unix = match &args.unix {
+        Some(path) => {
+            let l = bind_unix(path)?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+        None => None,
+    };
+    // From here on, an error must not leave the socket file behind.
+    let unix_path = args.unix.clone();
+    let remove_socket = || {
+        if let Some(path) = unix_path.as_deref().filter(|p| is_socket(p)) {
+            let _ = std::fs::remove_file(path);
+        }
+    };
+    if let Some(path) = &args.pidfile {
+        if let Err(e) = write_pidfile(path) {
+            remove_socket();
+            return Err(e);
+        }
     }
-    let mut unix = None;
-    if let Some(path) = &args.unix {
-        let l = bind_unix(path)?;
-        l.set_nonblocking(true)?;
+    let size = device.size_bytes();
+    if let Some(l) = &tcp {
+        // The address bound, which names the port when --listen asked for any (port 0).
+        let addr = l
+            .local_addr()
+            .map_or_else(|_| args.listen.clone(), |a| a.to_string());
         eprintln!(
-            "ftlab serve: export `{}` on nbd+unix:///{}?socket={}",
+            "ftlab serve: export `{}` ({size} bytes) on nbd://{addr}",
+            args.export_name
+        );
+    }
+    if let Some(path) = &args.unix {
+        eprintln!(
+            "ftlab serve: export `{}` ({size} bytes) on nbd+unix:///{}?socket={}",
             args.export_name,
             args.export_name,
             path.display()
         );
-        unix = Some(l);
     }
-    anyhow::ensure!(
-        tcp.is_some() || unix.is_some(),
-        "no listener: give --unix or drop --no-tcp"
-    );
+    notify_service_manager("READY=1");
     if matches!(codec, Codec::ZstdDict { .. }) {
         // Trainings take seconds: a thread of their own, so the listeners never wait. It is not
         // joined at shutdown: a training changes nothing until it installs its dictionary.
@@ -250,13 +300,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     drop((tcp, unix));
+    notify_service_manager("STOPPING=1");
     drain(&device, connections);
     // Each step runs even if one before it failed: the image holds the clients' data.
     let mut failed = Vec::new();
     if let Err(e) = device.finish() {
         failed.push(e);
     }
-    if let Some(image) = &args.image {
+    if let Some(image) = &image {
         match device.save_image(image) {
             Ok(()) => eprintln!("ftlab serve: saved the device to {}", image.display()),
             Err(e) => failed.push(e),
@@ -291,11 +342,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .collect();
     let s = device.store_stats();
     println!(
-        "requests {requests}; host write pages {}, flash write pages {} (GC {}), WAF {:.3}",
+        "requests {requests}; host write pages {}, flash write pages {} (GC {}), WAF {}",
         f.host_write_pages,
         f.nand_write_pages(),
         f.gc_write_pages,
-        f.waf()
+        ftlab::report::waf_text(f.waf())
     );
     if !seen.is_empty() {
         println!(
@@ -317,7 +368,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             String::new()
         }
     );
-    if let Some(path) = args.unix.as_deref().filter(|p| is_socket(p)) {
+    remove_socket();
+    if let Some(path) = &args.pidfile {
         let _ = std::fs::remove_file(path);
     }
     anyhow::ensure!(failed.is_empty(), "{}", failed.join("; "));
@@ -409,6 +461,145 @@ fn drain(device: &Device, connections: Vec<Connection>) {
     if stuck > 0 {
         eprintln!(
             "ftlab serve: {stuck} connection(s) still busy after {DRAIN_WAIT:?} (a client not reading its replies?); not waiting longer"
+        );
+    }
+}
+
+/// `--image` as it will be used: the file to load and replace at the save.
+struct ImagePath {
+    path: PathBuf,
+    exists: bool,
+}
+
+/// Checks `--image` before anything is served: a regular file, or nothing yet (created at the
+/// save). A symbolic link is followed once, here: the save writes `TARGET.tmp` beside the target
+/// and renames it over the target, so the link stays a link and the target gets the data (a
+/// rename over the link itself would replace the link and leave the target stale). Anything
+/// else (a device node, FIFO, socket or directory) is refused: the save's rename would replace
+/// it with a regular file, `/dev/null` included when run as root.
+fn resolve_image(path: &Path) -> Result<ImagePath> {
+    let link = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(ImagePath {
+                path: path.to_owned(),
+                exists: false,
+            })
+        }
+        Err(e) => anyhow::bail!("--image {}: {e}", path.display()),
+    };
+    let resolved = if link.file_type().is_symlink() {
+        std::fs::canonicalize(path).with_context(|| {
+            format!(
+                "--image {}: a symbolic link whose target cannot be reached",
+                path.display()
+            )
+        })?
+    } else {
+        path.to_owned()
+    };
+    let meta =
+        std::fs::metadata(&resolved).with_context(|| format!("--image {}", resolved.display()))?;
+    let kind = file_kind(&meta.file_type());
+    anyhow::ensure!(
+        meta.file_type().is_file(),
+        "--image {}{}: is a {kind}, not a regular file; the image is saved by replacing its file, \
+         so give the path of a raw image file (or of one to create)",
+        path.display(),
+        if resolved != path {
+            format!(" (a link to {})", resolved.display())
+        } else {
+            String::new()
+        }
+    );
+    Ok(ImagePath {
+        path: resolved,
+        exists: true,
+    })
+}
+
+/// What a file is, for an error message.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "directory"
+    } else if t.is_block_device() {
+        "block device"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_symlink() {
+        "symbolic link"
+    } else {
+        "regular file"
+    }
+}
+
+/// Writes this process's ID to `path` (through `PATH.tmp` and a rename, so a reader never sees
+/// it half written). A file already there is replaced only when it is a regular file naming no
+/// running process (a crashed run's).
+fn write_pidfile(path: &Path) -> Result<()> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_file(),
+            "--pidfile {}: is a {}, not a regular file; not replacing it",
+            path.display(),
+            file_kind(&meta.file_type())
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Ok(pid) = text.trim().parse::<i32>() {
+            // SAFETY: kill(2) with signal 0 only checks that the process exists.
+            let alive = pid > 0
+                && (unsafe { libc::kill(pid, 0) } == 0
+                    || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
+            anyhow::ensure!(
+                !alive,
+                "--pidfile {}: names process {pid}, which is running (another server?)",
+                path.display()
+            );
+        }
+    }
+    let tmp = ftlab::server::tmp_path_beside(path);
+    std::fs::write(&tmp, format!("{}\n", std::process::id()))
+        .with_context(|| format!("--pidfile: writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("--pidfile {}", path.display()))
+}
+
+/// Tells systemd (or any service manager speaking its protocol) `state`, when it started us
+/// with `NOTIFY_SOCKET`. Written here rather than taken from a crate: it is one datagram to a
+/// Unix socket (an abstract one when the path starts with `@`), and a failure only costs the
+/// notification.
+fn notify_service_manager(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let Ok(socket) = std::os::unix::net::UnixDatagram::unbound() else {
+        return;
+    };
+    let message = format!("{state}\nMAINPID={}\n", std::process::id());
+    let bytes = path.as_encoded_bytes();
+    let sent = if let Some(name) = bytes.strip_prefix(b"@") {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(name)
+                .and_then(|addr| socket.send_to_addr(message.as_bytes(), &addr))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = name;
+            Err(std::io::Error::other("abstract sockets are Linux-only"))
+        }
+    } else {
+        socket.send_to(message.as_bytes(), &path)
+    };
+    if let Err(e) = sent {
+        eprintln!(
+            "ftlab serve: NOTIFY_SOCKET {}: {e}",
+            Path::new(&path).display()
         );
     }
 }

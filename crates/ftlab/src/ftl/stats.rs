@@ -34,11 +34,10 @@ impl FtlStats {
         self.host_program_pages + self.gc_write_pages + self.mapping_write_pages
     }
 
-    pub fn waf(&self) -> f64 {
-        if self.host_write_pages == 0 {
-            0.0
-        } else {
-            self.nand_write_pages() as f64 / self.host_write_pages as f64
-        }
+    /// Flash page programs per host page write; `None` when the host wrote nothing (a ratio
+    /// of nothing, shown as `n/a` and `null`, never as a WAF of 0).
+    pub fn waf(&self) -> Option<f64> {
+        (self.host_write_pages > 0)
+            .then(|| self.nand_write_pages() as f64 / self.host_write_pages as f64)
     }
 }

@@ -455,8 +455,8 @@ pub fn markdown(b: &MapBench) -> String {
         let settings: String = sim.settings.iter().map(|s| format!(", {s}")).collect();
         let _ = writeln!(
             o,
-            "simulated drive (spare factor {}{settings}): WAF {:.3}, {} blocks erased, {} pages moved by GC",
-            sim.spare_factor, sim.waf, sim.erases, sim.gc_write_pages
+            "simulated drive (spare factor {}{settings}): WAF {}, {} blocks erased, {} pages moved by GC",
+            sim.spare_factor, crate::report::waf_text(sim.waf), sim.erases, sim.gc_write_pages
         );
     }
     let _ = writeln!(o);

@@ -41,8 +41,9 @@ pub struct SimulatorRun {
     pub spare_factor: f64,
     /// The settings given over the default preset (`DriveSetup::settings`), as given.
     pub settings: Vec<String>,
-    /// Write amplification: 1.0 when the GC moved nothing.
-    pub waf: f64,
+    /// Write amplification: 1.0 when the GC moved nothing; `None` (JSON `null`) when the trace
+    /// wrote nothing.
+    pub waf: Option<f64>,
     /// Pages the garbage collection moved (each a table update).
     pub gc_write_pages: u64,
     /// Blocks erased: the GC also reclaims blocks whose pages were all overwritten or trimmed,

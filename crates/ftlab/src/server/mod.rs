@@ -257,7 +257,12 @@ impl Device {
     /// Loads a raw image (as `save_image` writes it) into the store, and into the FTL model as
     /// writes whose counters are then cleared: the session's figures cover client I/O only.
     /// All-zero pages are not stored. Returns the pages loaded.
-    pub fn load_image(&self, path: &std::path::Path) -> Result<u64, String> {
+    ///
+    /// The image must be the export's size; with `grow` a smaller one (an empty file included)
+    /// is taken and the pages past its end read as zeros. A truncated image is otherwise
+    /// refused: its missing part would read as zeros and the next save would make that loss
+    /// permanent.
+    pub fn load_image(&self, path: &std::path::Path, grow: bool) -> Result<u64, String> {
         let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let len = file
             .metadata()
@@ -268,6 +273,19 @@ impl Device {
                 "{}: {len} bytes, larger than the {}-byte export (size the device with --set capacity.logical_bytes={len})",
                 path.display(),
                 self.size_bytes
+            ));
+        }
+        if len < self.size_bytes && !grow {
+            return Err(format!(
+                "{}: {len} bytes, smaller than the {}-byte export (a truncated image?); \
+                 give --grow-image to take it with the rest read as zeros{}",
+                path.display(),
+                self.size_bytes,
+                if len > 0 {
+                    format!(", or size the device with --set capacity.logical_bytes={len}")
+                } else {
+                    String::new()
+                }
             ));
         }
         if len % self.page_bytes as u64 != 0 {
@@ -477,7 +495,7 @@ impl Device {
             "uptime_ns": now_ns,
             "failure": self.failure(),
             "requests": requests,
-            "waf": crate::report::round6(ftl.waf()),
+            "waf": ftl.waf().map(crate::report::round6),
             "host_write_pages": ftl.host_write_pages,
             "nand_write_pages": ftl.nand_write_pages(),
             "gc_write_pages": ftl.gc_write_pages,

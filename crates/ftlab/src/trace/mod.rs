@@ -92,6 +92,12 @@ pub enum TraceError {
     UnknownFormat { path: String },
     #[error("{path}: the trace is empty (no line but blank ones), so it has no requests and no format to tell")]
     Empty { path: String },
+    #[error("{path}: no request in its {lines} line(s){}", if *bad_lines > 0 { format!(" ({bad_lines} bad and skipped: is --format right?)") } else { String::new() })]
+    NoRequests {
+        path: String,
+        lines: u64,
+        bad_lines: u64,
+    },
 }
 
 /// Simulated time stays far from u64 overflow: no trace may span more than this.
@@ -310,6 +316,15 @@ impl TraceReader {
                 })?;
             if n == 0 {
                 self.finished = true;
+                // A trace that gave nothing to replay is a mistake (an empty file, the wrong
+                // format with --skip-bad-lines), not a run with a WAF to report.
+                if self.requests == 0 {
+                    return Err(TraceError::NoRequests {
+                        path: self.path.display().to_string(),
+                        lines: self.line_no,
+                        bad_lines: self.bad_lines,
+                    });
+                }
                 return Ok(None);
             }
             self.line_no += 1;

@@ -176,6 +176,49 @@ fn errors_name_what_is_wrong_and_nothing_panics() {
     .unwrap();
     let (ok, out, err) = ftlab(&["sim", "--trace", late.to_str().unwrap()]);
     assert!(ok && out.contains("WAF"), "{err}");
+    // A trace that yields no request is an error with the format named too: an empty file (it
+    // exited 0 with "WAF 0.000"), or a file of another format with --skip-bad-lines.
+    let empty = dir.join("e.csv");
+    std::fs::write(&empty, "").unwrap();
+    let (ok, _, err) = ftlab(&["sim", "--trace", empty.to_str().unwrap(), "--format", "msr"]);
+    assert!(
+        !ok && err.contains("e.csv: no request in its 0 line(s)"),
+        "{err}"
+    );
+    let (ok, _, err) = ftlab(&[
+        "sim",
+        "--trace",
+        bad.to_str().unwrap(),
+        "--format",
+        "nbdkit",
+        "--skip-bad-lines",
+    ]);
+    assert!(
+        !ok && err.contains("bad.csv: no request in its 2 line(s) (2 bad and skipped"),
+        "{err}"
+    );
+}
+
+/// WAF with no host writes is no ratio: `n/a` in the summary, `null` in the JSON (it read
+/// "WAF 0.000").
+#[test]
+fn a_run_without_host_writes_shows_no_waf() {
+    let dir = temp_dir("cli-no-writes");
+    let reads = dir.join("reads.csv");
+    std::fs::write(&reads, "1,h,0,Read,0,4096,1\n2,h,0,Read,8192,4096,1\n").unwrap();
+    let json = dir.join("r.json");
+    let (ok, out, err) = ftlab(&[
+        "sim",
+        "--trace",
+        reads.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("WAF        n/a (no host writes)"), "{out}");
+    let report = read_json(&json);
+    assert!(report["waf"].is_null(), "{report}");
+    assert_eq!(report["host_write_pages"], 0);
 }
 
 #[test]
@@ -880,4 +923,249 @@ fn a_stats_file_that_stops_working_does_not_end_the_device_nor_lose_its_image() 
     assert!(err.contains("saved the device"), "{err}");
     let saved = std::fs::read(&image).unwrap();
     assert!(saved[8192..12288] == page_pattern(2)[..]);
+}
+
+/// A device node, FIFO, socket or directory given as `--image` is refused at start, and left as
+/// it was: the save replaced whatever was at the path with a regular file (as root, `--image
+/// /dev/null` replaced the system's /dev/null). A FIFO stands for the special files here, since
+/// making a device node needs root.
+#[test]
+fn serve_refuses_an_image_that_is_not_a_regular_file() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = temp_dir("cli-image-kind");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) reads the NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let sub = dir.join("subdir");
+    std::fs::create_dir(&sub).unwrap();
+    let socket = dir.join("other.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let link = dir.join("link-to-fifo");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for (path, kind) in [
+        (&fifo, "FIFO"),
+        (&sub, "directory"),
+        (&socket, "socket"),
+        (&link, "FIFO"),
+    ] {
+        let sock = dir.join("s.sock");
+        let (ok, err) = serve_until_exit(&[
+            "--no-tcp".as_ref(),
+            "--unix".as_ref(),
+            sock.as_ref(),
+            "--image".as_ref(),
+            path.as_ref(),
+        ]);
+        assert!(!ok, "{err}");
+        assert!(
+            err.contains(&format!("is a {kind}, not a regular file")),
+            "{}: {err}",
+            path.display()
+        );
+        assert!(!sock.exists(), "refused before listening: {err}");
+    }
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(std::fs::metadata(&sub).unwrap().is_dir());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+/// `--image LINK`: the target is loaded, and the save replaces the target (the link stays a
+/// link). It used to load the target and then replace the link with a regular file, leaving
+/// the target stale.
+#[test]
+fn serve_saves_an_image_given_as_a_symbolic_link_to_its_target() {
+    use std::io::{Read, Write};
+    const SIZE: u64 = 1 << 20;
+    let dir = temp_dir("cli-image-link");
+    let target = dir.join("target.img");
+    let mut before = vec![0u8; SIZE as usize];
+    before[..4096].copy_from_slice(&page_pattern(0));
+    std::fs::write(&target, &before).unwrap();
+    let link = dir.join("link.img");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let sock = dir.join("sock");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["serve", "--no-tcp", "--set"])
+        .arg(format!("capacity.logical_bytes={SIZE}"))
+        .arg("--unix")
+        .arg(&sock)
+        .arg("--image")
+        .arg(&link)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut s, size) = nbd_connect(&sock);
+    assert_eq!(size, SIZE);
+    s.write_all(&nbd_write(1, 4096, &page_pattern(1))).unwrap();
+    let mut reply = [0u8; 16];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[4..8], &[0, 0, 0, 0], "the write succeeded");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
+    let (status, err) = exit_of(&mut server);
+    assert!(status.success(), "{err}");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was replaced: {err}"
+    );
+    let saved = std::fs::read(&target).unwrap();
+    assert_eq!(saved.len() as u64, SIZE);
+    assert!(saved[..4096] == page_pattern(0)[..], "the loaded page kept");
+    assert!(
+        saved[4096..8192] == page_pattern(1)[..],
+        "the new write saved"
+    );
+    assert!(!dir.join("link.img.tmp").exists() && !dir.join("target.img.tmp").exists());
+}
+
+/// An image smaller than the export (a truncated copy, an empty file) is refused with both
+/// sizes, unless `--grow-image` asks for it; it used to be loaded with its missing part read as
+/// zeros, and the next save made that loss permanent.
+#[test]
+fn serve_refuses_a_truncated_image_unless_asked_to_grow_it() {
+    let dir = temp_dir("cli-image-size");
+    let image = dir.join("half.img");
+    let sock = dir.join("s.sock");
+    for len in [1u64 << 19, 0] {
+        std::fs::write(&image, vec![7u8; len as usize]).unwrap();
+        let (ok, err) = serve_until_exit(&[
+            "--no-tcp".as_ref(),
+            "--unix".as_ref(),
+            sock.as_ref(),
+            "--set".as_ref(),
+            "capacity.logical_bytes=1048576".as_ref(),
+            "--image".as_ref(),
+            image.as_ref(),
+        ]);
+        assert!(!ok, "{err}");
+        assert!(
+            err.contains(&format!(
+                "{len} bytes, smaller than the 1048576-byte export"
+            )) && err.contains("--grow-image"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::metadata(&image).unwrap().len(),
+            len,
+            "left as it was"
+        );
+    }
+    // Asked for, the half image is taken: its pages loaded, the rest zeros, the save full-size.
+    std::fs::write(&image, vec![7u8; 1 << 19]).unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["serve", "--no-tcp", "--grow-image", "--set"])
+        .arg("capacity.logical_bytes=1048576")
+        .arg("--unix")
+        .arg(&sock)
+        .arg("--image")
+        .arg(&image)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_s, size) = nbd_connect(&sock);
+    assert_eq!(size, 1 << 20);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
+    let (status, err) = exit_of(&mut server);
+    assert!(status.success(), "{err}");
+    assert!(err.contains("loaded 128 non-zero pages"), "{err}");
+    let saved = std::fs::read(&image).unwrap();
+    assert_eq!(saved.len(), 1 << 20);
+    assert!(saved[..1 << 19].iter().all(|&b| b == 7));
+    assert!(saved[1 << 19..].iter().all(|&b| b == 0));
+}
+
+/// With its Unix socket taken by another server, `serve --listen` exits before saying it
+/// serves anything: it used to print the TCP export line, then fail on the socket.
+#[test]
+fn serve_says_nothing_is_served_until_every_listener_is_bound() {
+    let dir = temp_dir("cli-banner");
+    let live = dir.join("live.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let pidfile = dir.join("serve.pid");
+    let (ok, err) = serve_until_exit(&[
+        "--listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--unix".as_ref(),
+        live.as_ref(),
+        "--pidfile".as_ref(),
+        pidfile.as_ref(),
+    ]);
+    assert!(!ok && err.contains("another server"), "{err}");
+    assert!(!err.contains("export `"), "a ready line was printed: {err}");
+    assert!(!pidfile.exists());
+}
+
+/// `--pidfile` appears, and systemd's `READY=1` arrives on `NOTIFY_SOCKET`, once the export can
+/// be reached; at exit the server says `STOPPING=1` and removes the pidfile.
+#[test]
+fn serve_tells_a_script_or_service_manager_when_it_is_ready() {
+    let dir = temp_dir("cli-ready");
+    let notify_path = dir.join("notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let (sock, pidfile) = (dir.join("s.sock"), dir.join("serve.pid"));
+    // A crashed run's pidfile (no such process) is replaced.
+    std::fs::write(&pidfile, "2147483000\n").unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--unix"])
+        .arg(&sock)
+        .args(["--set", "capacity.logical_bytes=1073741824"])
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = notify.recv(&mut buf).expect("READY=1 within 60 s");
+    let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(
+        message.contains("READY=1") && message.contains(&format!("MAINPID={}", server.id())),
+        "{message}"
+    );
+    // Ready means reachable, and the pidfile is there.
+    std::os::unix::net::UnixStream::connect(&sock).expect("the socket is bound");
+    assert_eq!(
+        std::fs::read_to_string(&pidfile).unwrap(),
+        format!("{}\n", server.id())
+    );
+    // A second server with the same pidfile refuses: it names a running process.
+    let other = dir.join("other.sock");
+    let (ok, err) = serve_until_exit(&[
+        "--no-tcp".as_ref(),
+        "--unix".as_ref(),
+        other.as_ref(),
+        "--pidfile".as_ref(),
+        pidfile.as_ref(),
+    ]);
+    assert!(!ok && err.contains("which is running"), "{err}");
+    assert!(!other.exists(), "its socket is removed: {err}");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
+    let n = notify.recv(&mut buf).expect("STOPPING=1");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
+    let (status, err) = exit_of(&mut server);
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("(1073741824 bytes) on nbd://127.0.0.1:"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("127.0.0.1:0 "),
+        "the bound port is named: {err}"
+    );
+    assert!(!pidfile.exists() && !sock.exists());
 }

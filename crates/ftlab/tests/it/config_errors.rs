@@ -135,3 +135,37 @@ fn the_generator_is_checked_only_where_it_runs() {
         .to_string()
         .contains("flash.channels"));
 }
+
+/// A number out of range is refused with the key and the range, not as "a string where an
+/// integer was expected" (TOML holds integers up to 2^63 - 1; larger ones used to become
+/// strings).
+#[test]
+fn numbers_out_of_range_are_refused_with_the_key_and_the_range() {
+    let e = err("femu", &["capacity.logical_bytes=18446744073709551615"]);
+    assert!(
+        e.contains("capacity.logical_bytes")
+            && e.contains("must be between")
+            && e.contains("9223372036854775807"),
+        "{e}"
+    );
+    assert!(!e.contains("string"), "{e}");
+    // Negative where only positive makes sense: refused as a value, with the key.
+    let e = err("femu", &["capacity.logical_bytes=-1"]);
+    assert!(
+        e.contains("capacity.logical_bytes") && e.contains("-1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn negative_flag_values_are_refused_as_values() {
+    for (flag, value, says) in [
+        ("--seed", "-1", "not in 0..=9223372036854775807"),
+        ("--time-scale", "-1", "workload.time_scale"),
+    ] {
+        let (ok, _, stderr) = crate::support::ftlab(&["sim", "-q", flag, value]);
+        assert!(!ok, "{flag} {value}");
+        assert!(!stderr.contains("unexpected argument"), "{stderr}");
+        assert!(stderr.contains(says), "{flag} {value}: {stderr}");
+    }
+}

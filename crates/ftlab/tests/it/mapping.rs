@@ -556,7 +556,7 @@ fn simulator_ppns_carry_the_gc_relocations() {
     let sim = ops_from_trace(&path, None, Some(DEVICE), PpnSource::Simulator).unwrap();
     let run = sim.simulator.clone().expect("the simulator's figures");
     assert!(
-        run.gc_write_pages > 0 && run.erases > 0 && run.waf > 1.0,
+        run.gc_write_pages > 0 && run.erases > 0 && run.waf.unwrap() > 1.0,
         "{run:?}"
     );
     let host_pages = 3 * DEVICE / 4096;

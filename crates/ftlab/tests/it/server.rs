@@ -473,9 +473,10 @@ fn qemu_io_writes_patterns_at_odd_offsets_and_reads_them_back() {
         .output()
         .is_err()
     {
-        println!("SKIPPED: qemu-io is not installed (apt-get install qemu-utils)");
-        eprintln!("SKIPPED: qemu-io is not installed (apt-get install qemu-utils)");
-        return;
+        return crate::support::skip(
+            "qemu_io_writes_patterns_at_odd_offsets_and_reads_them_back",
+            "qemu-io is not installed (apt-get install qemu-utils)",
+        );
     }
     let dir = temp_dir("qemu");
     let sock = dir.join("nbd.sock");
@@ -725,7 +726,7 @@ fn saving_the_image_survives_a_corrupt_page_and_names_it() {
     assert_eq!(content.len(), pages * page);
     let source = dir.join("source.img");
     std::fs::write(&source, &content).unwrap();
-    assert_eq!(device.load_image(&source).unwrap(), pages as u64);
+    assert_eq!(device.load_image(&source, true).unwrap(), pages as u64);
     let bad_lpn = 37u64;
     assert!(device.corrupt_page_for_test(bad_lpn));
 

@@ -108,3 +108,46 @@ fn a_test_directory_goes_when_its_test_passes_and_stays_when_it_fails() {
     assert!(kept.join("f").exists());
     std::fs::remove_dir_all(*kept).unwrap();
 }
+
+/// Where skipped tests leave their line: nextest captures a passing test's output, so a
+/// SKIPPED line printed alone would be invisible in a green run. `scripts/test.sh` empties this
+/// file before the tests and prints it, counted, after them.
+pub fn skipped_log() -> PathBuf {
+    std::env::var_os("FTLAB_SKIPPED_LOG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.txt"))
+}
+
+/// Marks test `test` skipped because `why`: prints SKIPPED (seen with `--no-capture` or when a
+/// test fails) and appends `test: why` to `skipped_log()`, which the test command's summary
+/// shows. The caller returns right after.
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    println!("SKIPPED: {test}: {why}");
+    eprintln!("SKIPPED: {test}: {why}");
+    let path = skipped_log();
+    let _ = std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // One write per line: tests run in parallel processes, and O_APPEND keeps lines whole.
+    f.write_all(format!("{test}: {why}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+#[test]
+fn a_skipped_test_leaves_its_line_for_the_summary() {
+    let dir = temp_dir("skip-log");
+    let log = dir.join("skipped.txt");
+    // This process's environment only: each nextest test is a process of its own.
+    std::env::set_var("FTLAB_SKIPPED_LOG", &log);
+    skip("some_test", "qemu-io is not installed");
+    skip("other_test", "needs root");
+    std::env::remove_var("FTLAB_SKIPPED_LOG");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "some_test: qemu-io is not installed\nother_test: needs root\n"
+    );
+}

@@ -1,7 +1,7 @@
 //! Real clients against `ftlab serve`: fio with verify, nbdcopy, and ext4 through nbdfuse and a
 //! loop device. A missing tool or kernel feature is a loud SKIPPED line, never a silent pass.
 
-use crate::support::{temp_dir, TempDir};
+use crate::support::{skip, temp_dir, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -10,11 +10,6 @@ fn have(tool: &str) -> bool {
         .args(["-c", &format!("command -v {tool}")])
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-fn skip(why: &str) {
-    println!("SKIPPED: {why}");
-    eprintln!("SKIPPED: {why}");
 }
 
 /// `ftlab serve` on a Unix socket in a directory of its own; SIGTERM on drop.
@@ -99,7 +94,10 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"))
     {
-        return skip("fio with the nbd ioengine is not installed (apt-get install fio)");
+        return skip(
+            "fio_randwrite_and_randrw_verify_over_the_whole_device",
+            "fio with the nbd ioengine is not installed (apt-get install fio)",
+        );
     }
     // A device small enough for GC to run: 192 MiB of flash, 160 MiB exposed.
     let size = 160u64 << 20;
@@ -226,7 +224,10 @@ fn real_data_file(path: &Path, bytes: usize) {
 #[test]
 fn nbdcopy_a_real_file_in_and_out_gives_identical_bytes() {
     if !have("nbdcopy") {
-        return skip("nbdcopy is not installed (apt-get install libnbd-bin)");
+        return skip(
+            "nbdcopy_a_real_file_in_and_out_gives_identical_bytes",
+            "nbdcopy is not installed (apt-get install libnbd-bin)",
+        );
     }
     let size = 256usize << 20;
     let dir = temp_dir("nbdcopy");
@@ -255,16 +256,23 @@ fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
         "fusermount3",
     ] {
         if !have(tool) {
-            return skip(&format!(
-                "{tool} is not installed (apt-get install libnbd-bin fuse3)"
-            ));
+            return skip(
+                "ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount",
+                &format!("{tool} is not installed (apt-get install libnbd-bin fuse3)"),
+            );
         }
     }
     if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
-        return skip("/dev/fuse or /dev/loop-control is missing on this machine");
+        return skip(
+            "ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount",
+            "/dev/fuse or /dev/loop-control is missing on this machine",
+        );
     }
     if unsafe { libc::geteuid() } != 0 {
-        return skip("ext4 through a loop device needs root");
+        return skip(
+            "ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount",
+            "ext4 through a loop device needs root",
+        );
     }
     let dir = temp_dir("ext4");
     let (fuse_dir, mnt) = (dir.join("fuse"), dir.join("mnt"));
@@ -333,7 +341,10 @@ fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
 #[test]
 fn image_saved_at_shutdown_is_loaded_at_the_next_start() {
     if !have("qemu-io") {
-        return skip("qemu-io is not installed (apt-get install qemu-utils)");
+        return skip(
+            "image_saved_at_shutdown_is_loaded_at_the_next_start",
+            "qemu-io is not installed (apt-get install qemu-utils)",
+        );
     }
     let dir = temp_dir("image");
     let image = dir.join("ssd.img");

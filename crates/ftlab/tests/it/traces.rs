@@ -177,7 +177,9 @@ fn the_pgbench_trace_gives_one_waf_in_every_format() {
     let c = replay(&fio, TraceFormat::Fio);
     println!(
         "pgbench: WAF {} erases {} GC writes {}",
-        a.waf, a.erases, a.gc_write_pages
+        a.waf.unwrap(),
+        a.erases,
+        a.gc_write_pages
     );
     assert!(
         a.gc_write_pages > 0,
