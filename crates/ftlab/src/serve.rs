@@ -2,7 +2,9 @@
 //! SIGTERM or SIGHUP.
 
 use anyhow::{Context, Result};
-use ftlab::server::{serve_connection, Device, DeviceOptions, Latency, RecordFormat};
+use ftlab::server::{
+    serve_connection, ConnectionLimits, Device, DeviceOptions, Latency, RecordFormat,
+};
 use ftlab::store::codec::Codec;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -75,6 +77,33 @@ pub struct ServeArgs {
     /// `READY=1` is also sent at that moment, so `Type=notify` units work.
     #[arg(long)]
     pidfile: Option<PathBuf>,
+    /// Connections served at once; one more is accepted, closed at once and logged. Each holds
+    /// three threads and up to about 7 MiB (its allowance of requests in flight, buffers).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Memory that requests in flight may hold beyond each connection's own 2 MiB allowance,
+    /// for all connections together (bytes, or with K/M/G/T), at least 33M (one request of the
+    /// largest size, 32 MiB). A request is charged before its payload or reply exists; when the
+    /// budget is spent, connections with large requests wait, reading nothing (TCP pushes back
+    /// on their clients), while small requests keep being served.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_size, default_value = "256M")]
+    max_inflight_bytes: u64,
+    /// Seconds a client has to finish the handshake after connecting.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 10.0, value_parser = parse_seconds)]
+    handshake_timeout: f64,
+    /// Disconnect a client that sends nothing for this many seconds (between requests or in the
+    /// middle of one); 0, the default, never does (NBD clients may sit idle for hours).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0, value_parser = parse_seconds)]
+    idle_timeout: f64,
+}
+
+/// Seconds: a finite, non-negative number.
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 1e9)
+        .ok_or_else(|| format!("`{text}` is not a number of seconds (0 to 1e9)"))
 }
 
 /// "512M" -> 536870912: a byte count with an optional K, M, G or T (binary) suffix.
@@ -151,6 +180,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     RecordFormat::Nbdkit
                 },
                 mem_limit_bytes: args.mem_limit,
+                limits: ConnectionLimits {
+                    max_inflight_bytes: args.max_inflight_bytes,
+                    handshake_timeout: Duration::from_secs_f64(args.handshake_timeout.max(0.001)),
+                    idle_timeout: (args.idle_timeout > 0.0)
+                        .then(|| Duration::from_secs_f64(args.idle_timeout)),
+                },
             },
         )
         .map_err(anyhow::Error::msg)?,
@@ -276,25 +311,43 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         }
         let mut idle = true;
+        connections.retain(|c| !c.thread.is_finished());
+        // Past the limit a client is accepted and closed at once (it sees the connection end
+        // before the greeting), so that it is told rather than left waiting in the backlog.
+        let full = connections.len() >= args.max_connections as usize;
+        let refuse = |who: &str| {
+            eprintln!(
+                "ftlab serve: {who}: refused: {} connections already (--max-connections)",
+                args.max_connections
+            )
+        };
         if let Some(l) = &tcp {
             if let Ok((stream, peer)) = l.accept() {
                 idle = false;
-                match Connection::accept(&device, peer.to_string(), stream) {
-                    Ok(c) => connections.push(c),
-                    Err(e) => eprintln!("ftlab serve: {peer}: refused: {e}"),
+                if full {
+                    refuse(&peer.to_string());
+                } else {
+                    match Connection::accept(&device, peer.to_string(), stream) {
+                        Ok(c) => connections.push(c),
+                        Err(e) => eprintln!("ftlab serve: {peer}: refused: {e}"),
+                    }
                 }
             }
         }
+        let full = connections.len() >= args.max_connections as usize;
         if let Some(l) = &unix {
             if let Ok((stream, _)) = l.accept() {
                 idle = false;
-                match Connection::accept(&device, "unix client".into(), stream) {
-                    Ok(c) => connections.push(c),
-                    Err(e) => eprintln!("ftlab serve: unix client: refused: {e}"),
+                if full {
+                    refuse("unix client");
+                } else {
+                    match Connection::accept(&device, "unix client".into(), stream) {
+                        Ok(c) => connections.push(c),
+                        Err(e) => eprintln!("ftlab serve: unix client: refused: {e}"),
+                    }
                 }
             }
         }
-        connections.retain(|c| !c.thread.is_finished());
         if idle {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -404,7 +457,8 @@ impl Connection {
 /// What `serve` needs of a TCP or Unix socket.
 trait Socket: ftlab::server::Incoming + std::io::Write + Send + Sized + 'static {
     fn try_clone_socket(&self) -> std::io::Result<Self>;
-    /// Blocking (the listeners poll; a client's socket waits), and for TCP no Nagle delay.
+    /// Blocking (the listeners poll; a client's socket waits), a send timeout (`REPLY_STALL`: a
+    /// client that reads no reply for that long is disconnected), and for TCP no Nagle delay.
     fn configure(&self) -> std::io::Result<()>;
     fn shut_reading(&self);
 }
@@ -415,6 +469,7 @@ impl Socket for std::net::TcpStream {
     }
     fn configure(&self) -> std::io::Result<()> {
         let _ = self.set_nodelay(true);
+        self.set_write_timeout(Some(ftlab::server::REPLY_STALL))?;
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {
@@ -427,6 +482,7 @@ impl Socket for std::os::unix::net::UnixStream {
         self.try_clone()
     }
     fn configure(&self) -> std::io::Result<()> {
+        self.set_write_timeout(Some(ftlab::server::REPLY_STALL))?;
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {

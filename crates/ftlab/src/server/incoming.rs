@@ -11,17 +11,28 @@ pub trait Incoming: Read {
     /// Whether bytes are waiting to be read now; never blocks, consumes nothing. `false` when it
     /// cannot tell.
     fn bytes_waiting(&self) -> bool;
+    /// How long a read may wait for data before failing (`None`: for ever). Input that never
+    /// waits (in memory) ignores it.
+    fn set_read_timeout(&self, _timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Incoming for std::os::unix::net::UnixStream {
     fn bytes_waiting(&self) -> bool {
         socket_bytes_waiting(self)
     }
+    fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        std::os::unix::net::UnixStream::set_read_timeout(self, timeout)
+    }
 }
 
 impl Incoming for std::net::TcpStream {
     fn bytes_waiting(&self) -> bool {
         socket_bytes_waiting(self)
+    }
+    fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        std::net::TcpStream::set_read_timeout(self, timeout)
     }
 }
 

@@ -7,6 +7,7 @@
 //! mapping, latency emulation. Does not know: FTL internals (it calls `Ftl::submit`) or how the
 //! store compresses.
 
+pub mod budget;
 pub mod dictionary;
 pub mod incoming;
 pub mod model;
@@ -62,7 +63,49 @@ pub struct DeviceOptions {
     pub record_format: RecordFormat,
     /// The page store's memory limit (zram's `mem_limit`): writes needing more get ENOSPC.
     pub mem_limit_bytes: Option<u64>,
+    /// What a client may hold of the server: memory in flight and time.
+    pub limits: ConnectionLimits,
 }
+
+/// What one client may hold of the server, so that none can take its memory or its threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ConnectionLimits {
+    /// Bytes of requests in flight beyond each connection's own allowance, for all connections
+    /// together (`budget`); at least `budget::MIN_INFLIGHT_BYTES`.
+    pub max_inflight_bytes: u64,
+    /// A client must finish the handshake within this time of connecting.
+    pub handshake_timeout: Duration,
+    /// A client that sends nothing for this long (between requests or inside one) is
+    /// disconnected; `None`: never.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: None,
+        }
+    }
+}
+
+/// Eight requests of the largest size at once.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
+
+/// A client that reads none of its replies for this long, while they wait to be sent, is
+/// disconnected (the socket's send timeout, set by whoever accepts it): its requests hold memory
+/// until their replies leave.
+pub const REPLY_STALL: Duration = Duration::from_secs(60);
+
+/// A worker keeps a write payload buffer up to this size for the next request (1 MiB requests
+/// reuse one: a fresh buffer per request would cost the kernel a page clear per 4 KiB); a larger
+/// one is freed after its request, so an idle connection holds little.
+const KEEP_PAYLOAD_BYTES: usize = (1 << 20) + (64 << 10);
+
+/// A write's payload is read in pieces of this size, its buffer grown as they arrive: a header
+/// announcing 32 MiB costs no memory until the bytes come.
+const PAYLOAD_PIECE_BYTES: usize = 256 << 10;
 
 /// How `--record` writes requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +210,8 @@ pub struct Device {
     client_latency: Mutex<OpHistograms>,
     /// The resolved configuration, for the statistics.
     config: Config,
+    /// Memory of requests in flight, over all connections.
+    budget: budget::InflightBudget,
 }
 
 /// Why a request failed, as an NBD error code.
@@ -185,6 +230,16 @@ impl Device {
     pub fn new(config: &Config, options: DeviceOptions) -> Result<Device, String> {
         let geometry = config.geometry().map_err(|e| e.to_string())?;
         let page_bytes = geometry.page_size_bytes as usize;
+        if options.limits.max_inflight_bytes < budget::MIN_INFLIGHT_BYTES {
+            return Err(format!(
+                "--max-inflight-bytes {}: must be at least {} bytes (33M): one request of the \
+                 largest size ({} bytes) must fit",
+                options.limits.max_inflight_bytes,
+                budget::MIN_INFLIGHT_BYTES,
+                p::MAX_REQUEST_BYTES
+            ));
+        }
+        let inflight = budget::InflightBudget::new(options.limits.max_inflight_bytes);
         let mut store_config = StoreConfig::new(page_bytes, options.codec);
         store_config.mem_limit_bytes = options.mem_limit_bytes;
         let store = PageStore::new(store_config).map_err(|e| e.to_string())?;
@@ -218,6 +273,7 @@ impl Device {
             panic_next_request: AtomicBool::new(false),
             client_latency: Mutex::new(OpHistograms::default()),
             config: config.clone(),
+            budget: inflight,
         })
     }
 
@@ -507,6 +563,7 @@ impl Device {
             "counters": ftl,
             "mapping": mapping,
             "store": self.store.stats(),
+            "inflight_bytes": self.budget.used_bytes(),
             "config": self.config,
         })
     }
@@ -648,8 +705,7 @@ impl Device {
         // Data phase.
         match r.command {
             p::CMD_READ => {
-                out.clear();
-                out.reserve(r.length as usize);
+                // Behind the reply header `answer` left room for, reserved already.
                 for lpn in first..last_excl {
                     if batched && lpn == whole_first {
                         // Whole pages in one parallel batch, straight into the reply.
@@ -776,12 +832,36 @@ fn covered(lpn: u64, page_bytes: u64, offset: u64, length: u64) -> (usize, usize
 }
 
 fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), String> {
-    r.read_exact(buf)
-        .map_err(|e| format!("reading {what}: {e}"))
+    r.read_exact(buf).map_err(|e| read_error(e, what))
+}
+
+/// Whether a socket operation failed on its timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` give EAGAIN).
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+fn read_error(e: std::io::Error, what: &str) -> String {
+    if timed_out(&e) {
+        format!("the client sent no {what} in the time allowed (the handshake deadline, or --idle-timeout)")
+    } else {
+        format!("reading {what}: {e}")
+    }
 }
 
 fn send<W: Write>(w: &mut W, bytes: &[u8]) -> Result<(), String> {
-    w.write_all(bytes).map_err(|e| format!("writing: {e}"))
+    w.write_all(bytes).map_err(|e| {
+        if timed_out(&e) {
+            format!(
+                "the client read none of its replies for {} s; disconnected",
+                REPLY_STALL.as_secs()
+            )
+        } else {
+            format!("writing: {e}")
+        }
+    })
 }
 
 /// Serves one client from handshake to disconnect. `Ok` for an orderly end (ABORT, DISC or
@@ -792,150 +872,81 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     reader: R,
     writer: W,
 ) -> Result<(), String> {
-    let mut r = BufReader::with_capacity(256 << 10, reader);
+    let limits = device.options.limits;
+    // Every read of the handshake waits at most until its deadline: a client that connects and
+    // sends nothing, or half an option, holds a thread only that long.
+    let mut r = BufReader::with_capacity(
+        256 << 10,
+        Deadlined {
+            inner: reader,
+            deadline: Some(Instant::now() + limits.handshake_timeout),
+        },
+    );
     let mut w = BufWriter::with_capacity(256 << 10, writer);
-    send(&mut w, &p::greeting())?;
-    w.flush().map_err(|e| e.to_string())?;
-    let mut flags = [0u8; 4];
-    read_exact(&mut r, &mut flags, "client flags")?;
-    let client_flags = u32::from_be_bytes(flags);
-    if client_flags & p::CLIENT_FIXED_NEWSTYLE == 0 {
-        return Err("client does not speak fixed newstyle".into());
-    }
-    let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
-    let mut structured = false;
-    let name_ok = |name: &str| name.is_empty() || name == device.options.export_name;
-    // Option haggling.
-    loop {
-        let mut h = [0u8; 16];
-        read_exact(&mut r, &mut h, "option header")?;
-        let header = p::parse_option_header(&h)?;
-        if header.length > p::MAX_OPTION_BYTES {
-            return Err(format!(
-                "option {} of {} bytes (at most {})",
-                header.option,
-                header.length,
-                p::MAX_OPTION_BYTES
-            ));
+    let share = budget::ConnectionShare::default();
+    let handshake = handshake(device, &mut r, &mut w).map_err(|e| {
+        if r.get_ref().deadline.is_some_and(|d| Instant::now() >= d) {
+            format!(
+                "handshake not finished within {} s: {e}",
+                limits.handshake_timeout.as_secs_f64()
+            )
+        } else {
+            e
         }
-        let mut data = vec![0u8; header.length as usize];
-        read_exact(&mut r, &mut data, "option data")?;
-        match header.option {
-            p::OPT_EXPORT_NAME => {
-                let name = String::from_utf8_lossy(&data);
-                if !name_ok(&name) {
-                    return Err(format!("unknown export `{name}`"));
-                }
-                send(&mut w, &device.size_bytes.to_be_bytes())?;
-                send(&mut w, &device.transmission_flags(structured).to_be_bytes())?;
-                if !no_zeroes {
-                    send(&mut w, &[0u8; 124])?;
-                }
-                break;
-            }
-            p::OPT_ABORT => {
-                send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
-                w.flush().map_err(|e| e.to_string())?;
-                return Ok(());
-            }
-            p::OPT_LIST => {
-                if !data.is_empty() {
-                    send(
-                        &mut w,
-                        &p::option_reply(header.option, p::REP_ERR_INVALID, b"LIST takes no data"),
-                    )?;
-                } else {
-                    let name = device.options.export_name.as_bytes();
-                    let mut d = (name.len() as u32).to_be_bytes().to_vec();
-                    d.extend_from_slice(name);
-                    send(&mut w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
-                    send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
-                }
-            }
-            p::OPT_STRUCTURED_REPLY => {
-                if data.is_empty() {
-                    structured = true;
-                    send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
-                } else {
-                    send(
-                        &mut w,
-                        &p::option_reply(
-                            header.option,
-                            p::REP_ERR_INVALID,
-                            b"STRUCTURED_REPLY takes no data",
-                        ),
-                    )?;
-                }
-            }
-            p::OPT_INFO | p::OPT_GO => match p::parse_go(&data) {
-                Err(e) => send(
-                    &mut w,
-                    &p::option_reply(header.option, p::REP_ERR_INVALID, e.as_bytes()),
-                )?,
-                Ok(go) if !name_ok(&go.name) => send(
-                    &mut w,
-                    &p::option_reply(
-                        header.option,
-                        p::REP_ERR_UNKNOWN,
-                        format!("no export `{}`", go.name).as_bytes(),
-                    ),
-                )?,
-                Ok(_) => {
-                    let info =
-                        p::info_export(device.size_bytes, device.transmission_flags(structured));
-                    send(&mut w, &p::option_reply(header.option, p::REP_INFO, &info))?;
-                    // Any byte range works (partial pages are read-modify-writes); whole
-                    // pages are what the device prefers.
-                    let bs = p::info_block_size(1, device.page_bytes as u32, p::MAX_REQUEST_BYTES);
-                    send(&mut w, &p::option_reply(header.option, p::REP_INFO, &bs))?;
-                    send(&mut w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
-                    if header.option == p::OPT_GO {
-                        break;
-                    }
-                }
-            },
-            _ => send(
-                &mut w,
-                &p::option_reply(header.option, p::REP_ERR_UNSUP, b"not supported by ftlab"),
-            )?,
-        }
-        w.flush().map_err(|e| e.to_string())?;
-    }
-    w.flush().map_err(|e| e.to_string())?;
+    })?;
+    let Some(structured) = handshake else {
+        return Ok(());
+    };
+    // Transmission: no deadline, and reads wait for ever or for the idle timeout (set once
+    // here: a system call per read would cost the hot path).
+    r.get_mut().deadline = None;
+    r.get_ref()
+        .inner
+        .set_read_timeout(limits.idle_timeout)
+        .map_err(|e| format!("setting the idle timeout: {e}"))?;
     // Transmission: replies leave at once, or (latency emulation) when their simulated
     // completion is due, from a writer thread, so requests in flight overlap as on a device.
     if device.options.latency == Latency::None {
         // The writer and the replies in it not yet flushed (their clients still wait).
         let w = Mutex::new((w, Vec::new()));
-        transmission(device, structured, &mut r, |reply, _, timing, in_flight| {
-            let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
-            let (w, unflushed) = &mut *guard;
-            send(w, &reply)?;
-            unflushed.push(timing);
-            // The last request in flight flushes for all: a reply queued behind one still
-            // executing leaves with that one's (a send wakes the client: one per burst, not
-            // per reply). Counted under the writer's lock, so no reply is left unflushed.
-            if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-                w.flush().map_err(|e| e.to_string())?;
-                device.replied(unflushed.drain(..));
-            }
-            Ok(())
-        })
+        transmission(
+            device,
+            &share,
+            structured,
+            &mut r,
+            |reply, _, timing, in_flight, charge| {
+                let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
+                let (w, unflushed) = &mut *guard;
+                send(w, &reply)?;
+                drop((reply, charge));
+                unflushed.push(timing);
+                // The last request in flight flushes for all: a reply queued behind one still
+                // executing leaves with that one's (a send wakes the client: one per burst, not
+                // per reply). Counted under the writer's lock, so no reply is left unflushed.
+                if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    w.flush().map_err(|e| e.to_string())?;
+                    device.replied(unflushed.drain(..));
+                }
+                Ok(())
+            },
+        )
     } else {
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<Due>();
             let writer = scope.spawn(move || deliver_when_due(device, rx, w));
             let result = transmission(
                 device,
+                &share,
                 structured,
                 &mut r,
-                |reply, hold, timing, in_flight| {
+                |reply, hold, timing, in_flight, charge| {
                     in_flight.fetch_sub(1, Ordering::AcqRel);
                     tx.send(Due {
                         at: Instant::now() + hold,
                         seq: 0,
                         reply,
                         timing,
+                        _charge: charge,
                     })
                     .map_err(|_| "reply writer stopped".to_string())
                 },
@@ -946,6 +957,154 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
                 .unwrap_or_else(|_| Err("reply writer panicked".into()));
             result.and(written)
         })
+    }
+}
+
+/// The handshake, from the greeting to the option that starts transmission: whether structured
+/// replies were negotiated, or None when the client ended it in order (`NBD_OPT_ABORT`).
+fn handshake<R: Read, W: Write>(
+    device: &Device,
+    r: &mut BufReader<R>,
+    w: &mut BufWriter<W>,
+) -> Result<Option<bool>, String> {
+    send(w, &p::greeting())?;
+    w.flush().map_err(|e| e.to_string())?;
+    let mut flags = [0u8; 4];
+    read_exact(r, &mut flags, "client flags")?;
+    let client_flags = u32::from_be_bytes(flags);
+    if client_flags & p::CLIENT_FIXED_NEWSTYLE == 0 {
+        return Err("client does not speak fixed newstyle".into());
+    }
+    let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
+    let mut structured = false;
+    let name_ok = |name: &str| name.is_empty() || name == device.options.export_name;
+    // Option haggling.
+    loop {
+        let mut h = [0u8; 16];
+        read_exact(r, &mut h, "option header")?;
+        let header = p::parse_option_header(&h)?;
+        if header.length > p::MAX_OPTION_BYTES {
+            return Err(format!(
+                "option {} of {} bytes (at most {})",
+                header.option,
+                header.length,
+                p::MAX_OPTION_BYTES
+            ));
+        }
+        let mut data = vec![0u8; header.length as usize];
+        read_exact(r, &mut data, "option data")?;
+        match header.option {
+            p::OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                if !name_ok(&name) {
+                    return Err(format!("unknown export `{name}`"));
+                }
+                send(w, &device.size_bytes.to_be_bytes())?;
+                send(w, &device.transmission_flags(structured).to_be_bytes())?;
+                if !no_zeroes {
+                    send(w, &[0u8; 124])?;
+                }
+                break;
+            }
+            p::OPT_ABORT => {
+                send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                w.flush().map_err(|e| e.to_string())?;
+                return Ok(None);
+            }
+            p::OPT_LIST => {
+                if !data.is_empty() {
+                    send(
+                        w,
+                        &p::option_reply(header.option, p::REP_ERR_INVALID, b"LIST takes no data"),
+                    )?;
+                } else {
+                    let name = device.options.export_name.as_bytes();
+                    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+                    d.extend_from_slice(name);
+                    send(w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
+                    send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                }
+            }
+            p::OPT_STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    structured = true;
+                    send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                } else {
+                    send(
+                        w,
+                        &p::option_reply(
+                            header.option,
+                            p::REP_ERR_INVALID,
+                            b"STRUCTURED_REPLY takes no data",
+                        ),
+                    )?;
+                }
+            }
+            p::OPT_INFO | p::OPT_GO => match p::parse_go(&data) {
+                Err(e) => send(
+                    w,
+                    &p::option_reply(header.option, p::REP_ERR_INVALID, e.as_bytes()),
+                )?,
+                Ok(go) if !name_ok(&go.name) => send(
+                    w,
+                    &p::option_reply(
+                        header.option,
+                        p::REP_ERR_UNKNOWN,
+                        format!("no export `{}`", go.name).as_bytes(),
+                    ),
+                )?,
+                Ok(_) => {
+                    let info =
+                        p::info_export(device.size_bytes, device.transmission_flags(structured));
+                    send(w, &p::option_reply(header.option, p::REP_INFO, &info))?;
+                    // Any byte range works (partial pages are read-modify-writes); whole
+                    // pages are what the device prefers.
+                    let bs = p::info_block_size(1, device.page_bytes as u32, p::MAX_REQUEST_BYTES);
+                    send(w, &p::option_reply(header.option, p::REP_INFO, &bs))?;
+                    send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                    if header.option == p::OPT_GO {
+                        break;
+                    }
+                }
+            },
+            _ => send(
+                w,
+                &p::option_reply(header.option, p::REP_ERR_UNSUP, b"not supported by ftlab"),
+            )?,
+        }
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    w.flush().map_err(|e| e.to_string())?;
+    Ok(Some(structured))
+}
+
+/// A connection's read side whose every read waits at most until `deadline`, while one is set
+/// (the handshake's). The socket's timeout is set before each read to the time left, so a client
+/// trickling a byte at a time cannot stretch the deadline.
+struct Deadlined<R> {
+    inner: R,
+    deadline: Option<Instant>,
+}
+
+impl<R: Incoming> Read for Deadlined<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.inner.set_read_timeout(Some(left))?;
+        }
+        self.inner.read(buf)
+    }
+}
+
+impl<R: Incoming> Incoming for Deadlined<R> {
+    fn bytes_waiting(&self) -> bool {
+        self.inner.bytes_waiting()
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.inner.set_read_timeout(timeout)
     }
 }
 
@@ -969,11 +1128,16 @@ const BATCH_PAGES: usize = 8;
 /// payload, lets go, executes it and delivers the reply. A dedicated reader thread handing
 /// requests to workers over a channel cost a thread wake-up per request, which for 4 KiB
 /// requests was a fifth of the server's time.
-fn transmission<R: Incoming + Send>(
-    device: &Device,
+///
+/// Each request is charged to the connection's `share` of the memory budget before its payload
+/// or reply exists, and `deliver` drops the charge once the reply has left.
+fn transmission<'d, R: Incoming + Send>(
+    device: &'d Device,
+    share: &'d budget::ConnectionShare,
     structured: bool,
     r: &mut BufReader<R>,
-    deliver: impl Fn(Vec<u8>, Duration, Timing, &AtomicUsize) -> Result<(), String> + Sync,
+    deliver: impl Fn(Vec<u8>, Duration, Timing, &AtomicUsize, budget::Charge<'d>) -> Result<(), String>
+        + Sync,
 ) -> Result<(), String> {
     // (reader, done, requests read alone in a row).
     let reader = Mutex::new((r, false, 0u32));
@@ -988,16 +1152,16 @@ fn transmission<R: Incoming + Send>(
     std::thread::scope(|scope| {
         for _ in 0..WORKERS_PER_CONNECTION {
             scope.spawn(|| {
-                let (mut payload, mut out) = (Vec::new(), Vec::new());
+                let mut payload = Vec::new();
                 loop {
-                    let (request, alone, read_at) = {
+                    let (request, charge, alone, read_at) = {
                         let mut guard = reader.lock().unwrap_or_else(|p| p.into_inner());
                         let (r, done, quiet) = &mut *guard;
                         if *done {
                             return;
                         }
-                        match read_request(r, &mut payload) {
-                            Ok(Some(request)) => {
+                        match read_request(r, &mut payload, &device.budget, share) {
+                            Ok(Some((request, charge))) => {
                                 let in_flight = in_flight.fetch_add(1, Ordering::AcqRel) + 1;
                                 // Asked only where the answer is used (a syscall).
                                 let big =
@@ -1011,7 +1175,7 @@ fn transmission<R: Incoming + Send>(
                                     0
                                 };
                                 // A nonzero count already says this request is alone.
-                                (request, *quiet >= QUIET_REQUESTS, Instant::now())
+                                (request, charge, *quiet >= QUIET_REQUESTS, Instant::now())
                             }
                             Ok(None) => {
                                 *done = true;
@@ -1028,14 +1192,12 @@ fn transmission<R: Incoming + Send>(
                         p::CMD_WRITE => request.length as usize,
                         _ => 0,
                     };
-                    let reply = answer(
-                        device,
-                        structured,
-                        &request,
-                        &payload[..length],
-                        &mut out,
-                        alone,
-                    );
+                    let reply = answer(device, structured, &request, &payload[..length], alone);
+                    // An idle connection keeps no large buffer (its charge is returned with the
+                    // reply; this memory would otherwise stay with the connection).
+                    if payload.capacity() > KEEP_PAYLOAD_BYTES {
+                        payload = Vec::new();
+                    }
                     let timing = Timing {
                         read_at,
                         op: match request.command {
@@ -1046,7 +1208,7 @@ fn transmission<R: Incoming + Send>(
                             _ => None,
                         },
                     };
-                    if let Err(e) = deliver(reply.0, reply.1, timing, &in_flight) {
+                    if let Err(e) = deliver(reply.0, reply.1, timing, &in_flight, charge) {
                         reader.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
                         fail(e);
                         return;
@@ -1061,52 +1223,74 @@ fn transmission<R: Incoming + Send>(
         .map_or(Ok(()), Err)
 }
 
-/// The next request, its payload (of a write) at the front of `payload`; None at DISC or end
-/// of stream.
-fn read_request<R: Read>(
+/// The next request, its payload (of a write) at the front of `payload`, and what it is charged
+/// (its payload or reply bytes, charged before they are read or made: `budget`); None at DISC or
+/// end of stream.
+fn read_request<'d, R: Read>(
     r: &mut BufReader<R>,
     payload: &mut Vec<u8>,
-) -> Result<Option<p::Request>, String> {
+    budget: &'d budget::InflightBudget,
+    share: &'d budget::ConnectionShare,
+) -> Result<Option<(p::Request, budget::Charge<'d>)>, String> {
     let mut h = [0u8; 28];
     match r.read_exact(&mut h) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(format!("reading request: {e}")),
+        Err(e) => return Err(read_error(e, "request")),
     }
     let request = p::parse_request(&h)?;
-    if request.command == p::CMD_DISC {
-        return Ok(None);
-    }
-    if request.command == p::CMD_WRITE {
-        if request.length > p::MAX_REQUEST_BYTES {
+    let data_bytes = match request.command {
+        p::CMD_DISC => return Ok(None),
+        p::CMD_WRITE if request.length > p::MAX_REQUEST_BYTES => {
             return Err(format!(
                 "write of {} bytes (at most {}): cannot stay in sync",
                 request.length,
                 p::MAX_REQUEST_BYTES
-            ));
+            ))
         }
+        p::CMD_WRITE => request.length,
+        // A longer read is refused, with no data.
+        p::CMD_READ if request.length <= p::MAX_REQUEST_BYTES => request.length,
+        _ => 0,
+    };
+    // May wait: while it does, this connection reads nothing more.
+    let charge = budget.charge(
+        share,
+        u64::from(data_bytes) + budget::REQUEST_OVERHEAD_BYTES,
+    );
+    if request.command == p::CMD_WRITE {
         // The buffer is reused request after request (and never cleared): a fresh megabyte
-        // per request would come from mmap and cost the kernel a page clear per 4 KiB.
+        // per request would come from mmap and cost the kernel a page clear per 4 KiB. It grows
+        // piece by piece as the bytes arrive, so a header alone costs no memory.
         let length = request.length as usize;
-        if payload.len() < length {
-            payload.resize(length, 0);
+        let mut at = 0;
+        while at < length {
+            let end = (at + PAYLOAD_PIECE_BYTES).min(length);
+            if payload.len() < end {
+                payload.resize(end, 0);
+            }
+            read_exact(r, &mut payload[at..end], "write payload")?;
+            at = end;
         }
-        read_exact(r, &mut payload[..length], "write payload")?;
     }
-    Ok(Some(request))
+    Ok(Some((request, charge)))
 }
 
 /// Executes one request: the reply bytes and how long to hold them. With structured replies
 /// negotiated, a read's data goes in one final OFFSET_DATA chunk and every error in an ERROR
-/// chunk carrying a message; other successes keep the simple reply, as the spec allows.
+/// chunk carrying a message; other successes keep the simple reply, as the spec allows. A read's
+/// data is written behind room for its reply header, so the reply is that one buffer (charged to
+/// the request before it exists: `budget`).
 fn answer(
     device: &Device,
     structured: bool,
     request: &p::Request,
     payload: &[u8],
-    out: &mut Vec<u8>,
     alone: bool,
 ) -> (Vec<u8>, Duration) {
+    // Structured: the chunk header and the data's offset; simple: the reply header.
+    let head = if structured { 20 + 8 } else { 16 };
+    let mut out = Vec::new();
     // The maximum block size bounds payloads (a read's reply; a longer write never gets here).
     // TRIM and WRITE_ZEROES carry none and may be longer, as the spec lets clients send them:
     // mkfs discards the whole device in one request, and refusing it kept that trim from the
@@ -1118,15 +1302,16 @@ fn answer(
     } else if request.command == p::CMD_READ && request.length > p::MAX_REQUEST_BYTES {
         Err(p::EINVAL)
     } else {
+        if request.command == p::CMD_READ {
+            out.reserve_exact(head + request.length as usize);
+            out.resize(head, 0);
+        }
         // Unwind safety: after a panic nothing of the device is executed again (`failure`),
         // and only its counters and store are read, for the statistics and the image.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            device.execute(request, payload, out, alone)
+            device.execute(request, payload, &mut out, alone)
         }))
-        .unwrap_or_else(|panic| {
-            out.clear();
-            Err(device.fail(request, &*panic))
-        })
+        .unwrap_or_else(|panic| Err(device.fail(request, &*panic)))
     };
     match result {
         Ok(latency_ns) => {
@@ -1136,7 +1321,7 @@ fn answer(
                 Latency::Scaled(x) => latency_ns as f64 * x,
             };
             let reply = match (structured, request.command) {
-                (true, p::CMD_READ) if out.is_empty() => p::structured_reply_header(
+                (true, p::CMD_READ) if out.len() == head => p::structured_reply_header(
                     p::REPLY_FLAG_DONE,
                     p::REPLY_TYPE_NONE,
                     request.cookie,
@@ -1144,21 +1329,19 @@ fn answer(
                 )
                 .to_vec(),
                 (true, p::CMD_READ) => {
-                    let mut reply = p::structured_reply_header(
+                    let h = p::structured_reply_header(
                         p::REPLY_FLAG_DONE,
                         p::REPLY_TYPE_OFFSET_DATA,
                         request.cookie,
-                        8 + out.len() as u32,
-                    )
-                    .to_vec();
-                    reply.extend_from_slice(&request.offset.to_be_bytes());
-                    reply.extend_from_slice(out);
-                    reply
+                        (8 + out.len() - head) as u32,
+                    );
+                    out[..20].copy_from_slice(&h);
+                    out[20..28].copy_from_slice(&request.offset.to_be_bytes());
+                    out
                 }
                 (false, p::CMD_READ) => {
-                    let mut reply = p::simple_reply_header(0, request.cookie).to_vec();
-                    reply.extend_from_slice(out);
-                    reply
+                    out[..16].copy_from_slice(&p::simple_reply_header(0, request.cookie));
+                    out
                 }
                 _ => p::simple_reply_header(0, request.cookie).to_vec(),
             };
@@ -1210,25 +1393,27 @@ struct Timing {
 }
 
 /// A reply held until `at` (latency emulation); `seq` orders replies due at the same instant.
-struct Due {
+struct Due<'d> {
     at: Instant,
     seq: u64,
     reply: Vec<u8>,
     timing: Timing,
+    /// Held until the reply has been written, then returned (dropped with the `Due`).
+    _charge: budget::Charge<'d>,
 }
 
-impl PartialEq for Due {
+impl PartialEq for Due<'_> {
     fn eq(&self, other: &Self) -> bool {
         (self.at, self.seq) == (other.at, other.seq)
     }
 }
-impl Eq for Due {}
-impl PartialOrd for Due {
+impl Eq for Due<'_> {}
+impl PartialOrd for Due<'_> {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Due {
+impl Ord for Due<'_> {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         (self.at, self.seq).cmp(&(other.at, other.seq))
     }
@@ -1238,7 +1423,7 @@ impl Ord for Due {
 /// reply is out.
 fn deliver_when_due<W: Write>(
     device: &Device,
-    rx: std::sync::mpsc::Receiver<Due>,
+    rx: std::sync::mpsc::Receiver<Due<'_>>,
     mut w: BufWriter<W>,
 ) -> Result<(), String> {
     use std::cmp::Reverse;
@@ -1253,6 +1438,7 @@ fn deliver_when_due<W: Write>(
             let Reverse(d) = due.pop().expect("peeked");
             send(&mut w, &d.reply)?;
             written.push(d.timing);
+            drop(d);
         }
         if !written.is_empty() {
             w.flush().map_err(|e| e.to_string())?;

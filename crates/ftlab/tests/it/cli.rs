@@ -1169,3 +1169,200 @@ fn serve_tells_a_script_or_service_manager_when_it_is_ready() {
     );
     assert!(!pidfile.exists() && !sock.exists());
 }
+
+/// An NBD request header: `command` over [offset, offset + length), `cookie` naming it.
+fn nbd_request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+    use ftlab::server::protocol as p;
+    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&command.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&length.to_be_bytes());
+    m
+}
+
+/// A field of /proc/PID/status in bytes (VmRSS, VmHWM).
+fn proc_status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+/// Slow and greedy clients cannot take the server's memory, and a well-behaved client keeps
+/// being served among them. 20 clients ask for four 32 MiB reads each and read none of the
+/// replies; 25 announce a 32 MiB write and send 100 bytes of it. Before the bounds, each header
+/// cost its 32 MiB at once (50 such clients took the server from 25 to 1,627 MiB, and 50 not
+/// reading 32 MiB replies to 3,842 MiB). Now the peak stays within the documented bound: the
+/// shared budget, plus per connection its allowance, its two kept payload buffers and its socket
+/// buffers.
+#[test]
+fn greedy_and_slow_clients_cannot_take_the_servers_memory() {
+    use ftlab::server::protocol as p;
+    use std::io::{Read, Write};
+    const MIB: u64 = 1 << 20;
+    const SHARED: u64 = 64 * MIB;
+    let dir = temp_dir("cli-greedy");
+    let sock = dir.join("sock");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args([
+            "serve",
+            "--no-tcp",
+            "--set",
+            "capacity.logical_bytes=1073741824",
+        ])
+        .arg("--unix")
+        .arg(&sock)
+        .args(["--max-inflight-bytes", "64M", "--max-connections", "100"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = server.id();
+    let (mut good, _) = nbd_connect(&sock);
+    good.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let base_rss = proc_status_bytes(pid, "VmRSS:");
+
+    let mut hostile = Vec::new();
+    // The readers first: the first of them take the shared budget and fill their replies.
+    for i in 0..20u64 {
+        let (mut s, _) = nbd_connect(&sock);
+        for j in 0..4 {
+            s.write_all(&nbd_request(
+                p::CMD_READ,
+                j,
+                i * 32 * MIB % (1 << 30),
+                p::MAX_REQUEST_BYTES,
+            ))
+            .unwrap();
+        }
+        hostile.push(s);
+    }
+    for i in 0..25u64 {
+        let (mut s, _) = nbd_connect(&sock);
+        let mut m = nbd_request(p::CMD_WRITE, i, 0, p::MAX_REQUEST_BYTES);
+        m.extend_from_slice(&[0xa5; 100]);
+        s.write_all(&m).unwrap();
+        hostile.push(s);
+    }
+    // Time for the server to take what it would (it used to allocate each request at once).
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // The good client writes pages and reads them back, small requests among the greedy ones.
+    for page in 0..200u64 {
+        good.write_all(&nbd_write(page, page * 4096, &page_pattern(page)))
+            .unwrap();
+        let mut h = [0u8; 16];
+        good.read_exact(&mut h).expect("the write is answered");
+        assert_eq!(&h[4..8], &[0, 0, 0, 0], "page {page} written");
+        good.write_all(&nbd_request(p::CMD_READ, page, page * 4096, 4096))
+            .unwrap();
+        let mut reply = vec![0u8; 16 + 4096];
+        good.read_exact(&mut reply).expect("the read is answered");
+        assert_eq!(&reply[4..8], &[0, 0, 0, 0]);
+        assert!(
+            reply[16..] == page_pattern(page)[..],
+            "page {page} read back"
+        );
+    }
+    let peak = proc_status_bytes(pid, "VmHWM:");
+    let connections = hostile.len() as u64 + 1;
+    // Per connection: its 2 MiB allowance, two payload buffers kept up to 1.06 MiB, 512 KiB of
+    // socket buffers; 1 MiB of slack each for threads and the allocator.
+    let bound = base_rss + SHARED + connections * (2 * MIB + 2 * (MIB + MIB / 16) + MIB / 2 + MIB);
+    assert!(
+        peak <= bound,
+        "peak resident {} MiB, over the bound {} MiB (started at {} MiB)",
+        peak / MIB,
+        bound / MIB,
+        base_rss / MIB
+    );
+    drop(hostile);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let (status, err) = exit_of(&mut server);
+    assert!(status.success(), "{err}");
+    eprintln!(
+        "peak resident {} MiB, bound {} MiB, started at {} MiB",
+        peak / MIB,
+        bound / MIB,
+        base_rss / MIB
+    );
+}
+
+/// Past `--max-connections` a client is closed at once (with a log line); a handshake not
+/// finished within `--handshake-timeout`, and a client silent for `--idle-timeout`, are closed.
+/// 1,200 idle connections used to hold 1,201 threads, and half an option header for ever.
+#[test]
+fn connections_are_limited_in_number_and_in_time() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let dir = temp_dir("cli-limits");
+    let sock = dir.join("sock");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .args([
+            "serve",
+            "--no-tcp",
+            "--set",
+            "capacity.logical_bytes=67108864",
+        ])
+        .arg("--unix")
+        .arg(&sock)
+        .args(["--max-connections", "3", "--handshake-timeout", "3"])
+        .args(["--idle-timeout", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (good, _) = nbd_connect(&sock);
+    let connect = || {
+        let s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    };
+    // Two connections that never finish the handshake: one silent, one sending half an option
+    // header after the client flags.
+    let mut silent = connect();
+    let mut half = connect();
+    let mut greeting = [0u8; 18];
+    half.read_exact(&mut greeting).unwrap();
+    half.write_all(&ftlab::server::protocol::CLIENT_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    half.write_all(&ftlab::server::protocol::IHAVEOPT.to_be_bytes()[..5])
+        .unwrap();
+    let opened = Instant::now();
+    // A fourth is one too many: closed before the greeting.
+    let mut extra = connect();
+    let mut byte = [0u8; 1];
+    assert_eq!(extra.read(&mut byte).unwrap(), 0, "closed at once");
+    assert!(opened.elapsed() < Duration::from_secs(3));
+    // The two handshakes end at their deadline, not before.
+    for s in [&mut silent, &mut half] {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    let waited = opened.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited < Duration::from_secs(15),
+        "{waited:?}"
+    );
+    // The good client, silent all along past --idle-timeout, was closed too.
+    let mut good = good;
+    good.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(good.read(&mut byte).unwrap_or(0), 0);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
+    let (status, err) = exit_of(&mut server);
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("refused: 3 connections already (--max-connections)"),
+        "{err}"
+    );
+    assert!(err.contains("handshake not finished within 3 s"), "{err}");
+    assert!(err.contains("--idle-timeout"), "{err}");
+}

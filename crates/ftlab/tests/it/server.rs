@@ -44,6 +44,7 @@ fn device_with_codec(latency: Latency, mem_limit_bytes: Option<u64>, codec: Code
                 record: None,
                 record_format: ftlab::server::RecordFormat::Nbdkit,
                 mem_limit_bytes,
+                limits: Default::default(),
             },
         )
         .unwrap(),
@@ -620,6 +621,7 @@ fn the_server_models_the_configured_mapping_table() {
                 record: None,
                 record_format: ftlab::server::RecordFormat::Nbdkit,
                 mem_limit_bytes: None,
+                limits: Default::default(),
             },
         )
         .unwrap(),
