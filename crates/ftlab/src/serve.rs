@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// `READY=1` is also sent at that moment, so `Type=notify` units work.
     #[arg(long)]
     pidfile: Option<PathBuf>,
+    /// Export the device read-only (NBD_FLAG_READ_ONLY): writes, trims and zeroes are refused
+    /// with EPERM; --image is loaded and never saved.
+    #[arg(long)]
+    read_only: bool,
     /// Connections served at once; one more is accepted, closed at once and logged. Each holds
     /// three threads and up to about 7 MiB (its allowance of requests in flight, buffers).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
@@ -186,6 +190,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     idle_timeout: (args.idle_timeout > 0.0)
                         .then(|| Duration::from_secs_f64(args.idle_timeout)),
                 },
+                read_only: args.read_only,
             },
         )
         .map_err(anyhow::Error::msg)?,
@@ -194,9 +199,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let image = match &args.image {
         Some(path) => {
             let image = resolve_image(path)?;
-            device
-                .check_image_writable(&image.path)
-                .map_err(anyhow::Error::msg)?;
+            if !args.read_only {
+                device
+                    .check_image_writable(&image.path)
+                    .map_err(anyhow::Error::msg)?;
+            }
             if image.exists {
                 let pages = device
                     .load_image(&image.path, args.grow_image)
@@ -360,7 +367,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Err(e) = device.finish() {
         failed.push(e);
     }
-    if let Some(image) = &image {
+    // Read-only, nothing changed: the image is left as it was.
+    if let Some(image) = image.as_ref().filter(|_| !args.read_only) {
         match device.save_image(image) {
             Ok(()) => eprintln!("ftlab serve: saved the device to {}", image.display()),
             Err(e) => failed.push(e),

@@ -65,7 +65,28 @@ pub struct DeviceOptions {
     pub mem_limit_bytes: Option<u64>,
     /// What a client may hold of the server: memory in flight and time.
     pub limits: ConnectionLimits,
+    /// Export read-only (`NBD_FLAG_READ_ONLY`): writes, trims and zeroes are refused with EPERM.
+    pub read_only: bool,
 }
+
+/// What the handshake settled for a connection.
+#[derive(Clone, Copy, Debug, Default)]
+struct Negotiated {
+    /// Structured replies (`NBD_OPT_STRUCTURED_REPLY`).
+    structured: bool,
+    /// The `base:allocation` metadata context (`NBD_OPT_SET_META_CONTEXT`), answered by
+    /// `NBD_CMD_BLOCK_STATUS` under `ALLOCATION_CONTEXT_ID`.
+    allocation: bool,
+}
+
+/// The id ftlab gives `base:allocation` in a connection (the server chooses it).
+const ALLOCATION_CONTEXT_ID: u32 = 1;
+
+/// A block status reply describes at most this many extents, and looks at most this far past
+/// its offset (the spec lets it describe less than asked; the client asks again from there):
+/// bounds the reply's memory and the time a request holds a worker.
+const MAX_STATUS_DESCRIPTORS: usize = 4096;
+const MAX_STATUS_SCAN_BYTES: u64 = 256 << 20;
 
 /// What one client may hold of the server, so that none can take its memory or its threads.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -385,6 +406,41 @@ impl Device {
         Ok(loaded)
     }
 
+    /// `base:allocation` extents from the request's offset: pages never written or trimmed are
+    /// holes reading as zeros, pages stored as zeros read as zeros, the rest is data. Adjacent
+    /// pages of one kind make one extent; with `NBD_CMD_FLAG_REQ_ONE` the first extent alone is
+    /// given. At most `MAX_STATUS_DESCRIPTORS` extents over `MAX_STATUS_SCAN_BYTES`.
+    fn block_status(&self, r: &p::Request) -> Result<Vec<(u32, u32)>, Errno> {
+        let end = r
+            .offset
+            .checked_add(u64::from(r.length))
+            .filter(|&e| e <= self.size_bytes && r.length > 0)
+            .ok_or(p::EINVAL)?;
+        let end = end.min(r.offset + MAX_STATUS_SCAN_BYTES);
+        let one = r.flags & p::CMD_FLAG_REQ_ONE != 0;
+        let ps = self.page_bytes as u64;
+        let mut descriptors: Vec<(u32, u32)> = Vec::new();
+        let mut at = r.offset;
+        while at < end {
+            let lpn = at / ps;
+            let len = ((lpn + 1) * ps).min(end) - at;
+            let flags = match self.store.page_state(lpn) {
+                crate::store::PageState::Absent => p::STATE_HOLE | p::STATE_ZERO,
+                crate::store::PageState::Zeros => p::STATE_ZERO,
+                crate::store::PageState::Data => 0,
+            };
+            let full = one || descriptors.len() == MAX_STATUS_DESCRIPTORS;
+            match descriptors.last_mut() {
+                // Within u32: the scan covers at most MAX_STATUS_SCAN_BYTES.
+                Some(last) if last.1 == flags => last.0 += len as u32,
+                Some(_) if full => break,
+                _ => descriptors.push((len as u32, flags)),
+            }
+            at += len;
+        }
+        Ok(descriptors)
+    }
+
     /// Fails unless `save_image(path)` will be able to create its file and make it the export's
     /// size (the process's file-size limit, `ulimit -f`, allows it): checked at start, so a
     /// mistyped directory or a low limit is reported before clients write data that could not
@@ -636,6 +692,11 @@ impl Device {
     /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
     /// in one chunk anyway.
     fn transmission_flags(&self, structured: bool) -> u16 {
+        let read_only = if self.options.read_only {
+            p::TF_READ_ONLY
+        } else {
+            0
+        };
         // Multi-conn is safe: every completed write is visible to every connection at once
         // (one store, one lock), and a flush drains the one write buffer all share.
         p::TF_HAS_FLAGS
@@ -645,6 +706,8 @@ impl Device {
             | p::TF_SEND_WRITE_ZEROES
             | p::TF_SEND_FAST_ZERO
             | p::TF_CAN_MULTI_CONN
+            | p::TF_SEND_CACHE
+            | read_only
             | if structured { p::TF_SEND_DF } else { 0 }
     }
 
@@ -682,7 +745,12 @@ impl Device {
             .checked_add(length)
             .is_some_and(|e| e <= self.size_bytes);
         match r.command {
-            p::CMD_READ | p::CMD_TRIM if !in_range => return Err(p::EINVAL),
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_TRIM if self.options.read_only => {
+                return Err(p::EPERM)
+            }
+            // A hint to bring data near: there is no nearer than RAM, so nothing to do.
+            p::CMD_CACHE if in_range => return Ok(0),
+            p::CMD_READ | p::CMD_TRIM | p::CMD_CACHE if !in_range => return Err(p::EINVAL),
             p::CMD_WRITE | p::CMD_WRITE_ZEROES if !in_range => return Err(p::ENOSPC),
             p::CMD_READ | p::CMD_TRIM | p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_FLUSH => {}
             _ => return Err(p::EINVAL),
@@ -894,7 +962,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
             e
         }
     })?;
-    let Some(structured) = handshake else {
+    let Some(negotiated) = handshake else {
         return Ok(());
     };
     // Transmission: no deadline, and reads wait for ever or for the idle timeout (set once
@@ -912,7 +980,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
         transmission(
             device,
             &share,
-            structured,
+            negotiated,
             &mut r,
             |reply, _, timing, in_flight, charge| {
                 let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
@@ -937,7 +1005,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
             let result = transmission(
                 device,
                 &share,
-                structured,
+                negotiated,
                 &mut r,
                 |reply, hold, timing, in_flight, charge| {
                     in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -960,13 +1028,13 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     }
 }
 
-/// The handshake, from the greeting to the option that starts transmission: whether structured
-/// replies were negotiated, or None when the client ended it in order (`NBD_OPT_ABORT`).
+/// The handshake, from the greeting to the option that starts transmission: what was negotiated,
+/// or None when the client ended it in order (`NBD_OPT_ABORT`).
 fn handshake<R: Read, W: Write>(
     device: &Device,
     r: &mut BufReader<R>,
     w: &mut BufWriter<W>,
-) -> Result<Option<bool>, String> {
+) -> Result<Option<Negotiated>, String> {
     send(w, &p::greeting())?;
     w.flush().map_err(|e| e.to_string())?;
     let mut flags = [0u8; 4];
@@ -977,6 +1045,7 @@ fn handshake<R: Read, W: Write>(
     }
     let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
     let mut structured = false;
+    let mut allocation = false;
     let name_ok = |name: &str| name.is_empty() || name == device.options.export_name;
     // Option haggling.
     loop {
@@ -1040,6 +1109,55 @@ fn handshake<R: Read, W: Write>(
                     )?;
                 }
             }
+            p::OPT_LIST_META_CONTEXT | p::OPT_SET_META_CONTEXT => {
+                let set = header.option == p::OPT_SET_META_CONTEXT;
+                match p::parse_meta_context(&data) {
+                    Err(e) => send(
+                        w,
+                        &p::option_reply(header.option, p::REP_ERR_INVALID, e.as_bytes()),
+                    )?,
+                    // Block status replies are structured: the spec asks for them first.
+                    Ok(_) if !structured => send(
+                        w,
+                        &p::option_reply(
+                            header.option,
+                            p::REP_ERR_INVALID,
+                            b"negotiate structured replies first",
+                        ),
+                    )?,
+                    Ok(m) if !name_ok(&m.name) => send(
+                        w,
+                        &p::option_reply(
+                            header.option,
+                            p::REP_ERR_UNKNOWN,
+                            format!("no export `{}`", m.name).as_bytes(),
+                        ),
+                    )?,
+                    Ok(m) => {
+                        // LIST with no query lists every context, and "base:" every one of
+                        // that namespace; SET selects exact names (and replaces an earlier SET).
+                        let matched = if set {
+                            m.queries.iter().any(|q| q == p::BASE_ALLOCATION)
+                        } else {
+                            m.queries.is_empty()
+                                || m.queries
+                                    .iter()
+                                    .any(|q| q == p::BASE_ALLOCATION || q == "base:")
+                        };
+                        if set {
+                            allocation = matched;
+                        }
+                        if matched {
+                            // LIST gives id 0: the ids mean something only after SET.
+                            let id = if set { ALLOCATION_CONTEXT_ID } else { 0 };
+                            let mut d = id.to_be_bytes().to_vec();
+                            d.extend_from_slice(p::BASE_ALLOCATION.as_bytes());
+                            send(w, &p::option_reply(header.option, p::REP_META_CONTEXT, &d))?;
+                        }
+                        send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                    }
+                }
+            }
             p::OPT_INFO | p::OPT_GO => match p::parse_go(&data) {
                 Err(e) => send(
                     w,
@@ -1075,7 +1193,10 @@ fn handshake<R: Read, W: Write>(
         w.flush().map_err(|e| e.to_string())?;
     }
     w.flush().map_err(|e| e.to_string())?;
-    Ok(Some(structured))
+    Ok(Some(Negotiated {
+        structured,
+        allocation,
+    }))
 }
 
 /// A connection's read side whose every read waits at most until `deadline`, while one is set
@@ -1134,7 +1255,7 @@ const BATCH_PAGES: usize = 8;
 fn transmission<'d, R: Incoming + Send>(
     device: &'d Device,
     share: &'d budget::ConnectionShare,
-    structured: bool,
+    negotiated: Negotiated,
     r: &mut BufReader<R>,
     deliver: impl Fn(Vec<u8>, Duration, Timing, &AtomicUsize, budget::Charge<'d>) -> Result<(), String>
         + Sync,
@@ -1192,7 +1313,7 @@ fn transmission<'d, R: Incoming + Send>(
                         p::CMD_WRITE => request.length as usize,
                         _ => 0,
                     };
-                    let reply = answer(device, structured, &request, &payload[..length], alone);
+                    let reply = answer(device, negotiated, &request, &payload[..length], alone);
                     // An idle connection keeps no large buffer (its charge is returned with the
                     // reply; this memory would otherwise stay with the connection).
                     if payload.capacity() > KEEP_PAYLOAD_BYTES {
@@ -1251,6 +1372,7 @@ fn read_request<'d, R: Read>(
         p::CMD_WRITE => request.length,
         // A longer read is refused, with no data.
         p::CMD_READ if request.length <= p::MAX_REQUEST_BYTES => request.length,
+        p::CMD_BLOCK_STATUS => 8 * MAX_STATUS_DESCRIPTORS as u32,
         _ => 0,
     };
     // May wait: while it does, this connection reads nothing more.
@@ -1283,11 +1405,38 @@ fn read_request<'d, R: Read>(
 /// the request before it exists: `budget`).
 fn answer(
     device: &Device,
-    structured: bool,
+    negotiated: Negotiated,
     request: &p::Request,
     payload: &[u8],
     alone: bool,
 ) -> (Vec<u8>, Duration) {
+    let structured = negotiated.structured;
+    if request.command == p::CMD_BLOCK_STATUS && !device.draining.load(Ordering::SeqCst) {
+        // Allowed only with the context negotiated (so structured replies too).
+        let status = if negotiated.allocation {
+            device.block_status(request)
+        } else {
+            Err(p::EINVAL)
+        };
+        return match status {
+            Ok(descriptors) => (
+                p::block_status_reply(request.cookie, ALLOCATION_CONTEXT_ID, &descriptors),
+                Duration::ZERO,
+            ),
+            Err(errno) if structured => (
+                p::structured_error(
+                    request.cookie,
+                    errno,
+                    &error_message(request, errno, device.failure()),
+                ),
+                Duration::ZERO,
+            ),
+            Err(errno) => (
+                p::simple_reply_header(errno, request.cookie).to_vec(),
+                Duration::ZERO,
+            ),
+        };
+    }
     // Structured: the chunk header and the data's offset; simple: the reply header.
     let head = if structured { 20 + 8 } else { 16 };
     let mut out = Vec::new();

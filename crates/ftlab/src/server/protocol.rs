@@ -20,15 +20,19 @@ pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 pub const REPLY_FLAG_DONE: u16 = 1;
 pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
@@ -37,12 +41,14 @@ pub const INFO_EXPORT: u16 = 0;
 pub const INFO_BLOCK_SIZE: u16 = 3;
 
 pub const TF_HAS_FLAGS: u16 = 1;
+pub const TF_READ_ONLY: u16 = 1 << 1;
 pub const TF_SEND_FLUSH: u16 = 1 << 2;
 pub const TF_SEND_FUA: u16 = 1 << 3;
 pub const TF_SEND_TRIM: u16 = 1 << 5;
 pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub const TF_SEND_DF: u16 = 1 << 7;
 pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
+pub const TF_SEND_CACHE: u16 = 1 << 10;
 pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
 
 pub const CMD_READ: u16 = 0;
@@ -50,7 +56,9 @@ pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
+pub const CMD_CACHE: u16 = 5;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 /// The spec's name of a command, for messages.
 pub fn command_name(command: u16) -> &'static str {
@@ -61,13 +69,22 @@ pub fn command_name(command: u16) -> &'static str {
         CMD_FLUSH => "FLUSH",
         CMD_TRIM => "TRIM",
         CMD_WRITE_ZEROES => "WRITE_ZEROES",
+        CMD_CACHE => "CACHE",
+        CMD_BLOCK_STATUS => "BLOCK_STATUS",
         _ => "an unknown command",
     }
 }
 
 pub const CMD_FLAG_FUA: u16 = 1;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+
+/// `base:allocation` block status flags: the range is a hole (not allocated), and reads as zeros.
+pub const STATE_HOLE: u32 = 1;
+pub const STATE_ZERO: u32 = 2;
+/// The one metadata context ftlab offers.
+pub const BASE_ALLOCATION: &str = "base:allocation";
 
 pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
@@ -157,6 +174,64 @@ pub fn parse_go(data: &[u8]) -> Result<GoRequest, String> {
         name,
         info_requests,
     })
+}
+
+/// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` data: the export and the queries.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MetaContextRequest {
+    pub name: String,
+    pub queries: Vec<String>,
+}
+
+pub fn parse_meta_context(data: &[u8]) -> Result<MetaContextRequest, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let bytes = data
+            .get(at..at.saturating_add(n))
+            .ok_or_else(|| format!("option data ends at byte {} of {}", data.len(), at + n))?;
+        at += n;
+        Ok(bytes)
+    };
+    let u32_at = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize;
+    let name_len = u32_at(take(4)?);
+    if name_len > 4096 {
+        return Err(format!("export name of {name_len} bytes (at most 4096)"));
+    }
+    let name = std::str::from_utf8(take(name_len)?)
+        .map_err(|_| "export name is not UTF-8".to_string())?
+        .to_string();
+    let n = u32_at(take(4)?);
+    // Each query takes 4 bytes at least, so the option's bounded length bounds them.
+    let mut queries = Vec::new();
+    for _ in 0..n {
+        let len = u32_at(take(4)?);
+        if len > 4096 {
+            return Err(format!("a query of {len} bytes (at most 4096)"));
+        }
+        let query =
+            std::str::from_utf8(take(len)?).map_err(|_| "a query is not UTF-8".to_string())?;
+        queries.push(query.to_string());
+    }
+    if at != data.len() {
+        return Err(format!(
+            "option data is {} bytes, its fields {at}",
+            data.len()
+        ));
+    }
+    Ok(MetaContextRequest { name, queries })
+}
+
+/// A block status chunk for context `id`: descriptors of (length, flags), the final chunk.
+pub fn block_status_reply(cookie: u64, id: u32, descriptors: &[(u32, u32)]) -> Vec<u8> {
+    let length = 4 + 8 * descriptors.len() as u32;
+    let mut v =
+        structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, cookie, length).to_vec();
+    v.extend_from_slice(&id.to_be_bytes());
+    for &(len, flags) in descriptors {
+        v.extend_from_slice(&len.to_be_bytes());
+        v.extend_from_slice(&flags.to_be_bytes());
+    }
+    v
 }
 
 pub fn info_export(size_bytes: u64, flags: u16) -> Vec<u8> {

@@ -130,6 +130,17 @@ struct Body {
     kind: Kind,
 }
 
+/// What a page holds (`PageStore::page_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageState {
+    /// Never written, or trimmed: reads as zeros and takes no memory.
+    Absent,
+    /// Stored as a page of zero words.
+    Zeros,
+    /// Anything else.
+    Data,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum Kind {
@@ -621,6 +632,16 @@ impl PageStore {
             }
         }
         Ok(())
+    }
+
+    /// What page `lpn` holds, without reading it: what a block-status query reports.
+    pub fn page_state(&self, lpn: u64) -> PageState {
+        let shard = self.shard(lpn);
+        match shard.entries.get(lpn) {
+            None => PageState::Absent,
+            Some(body) if body.kind == Kind::Same && body.word_or_checksum == 0 => PageState::Zeros,
+            Some(_) => PageState::Data,
+        }
     }
 
     /// Reads `lpns` into `out` (concatenated pages), in parallel.

@@ -45,6 +45,7 @@ fn device_with_codec(latency: Latency, mem_limit_bytes: Option<u64>, codec: Code
                 record_format: ftlab::server::RecordFormat::Nbdkit,
                 mem_limit_bytes,
                 limits: Default::default(),
+                read_only: false,
             },
         )
         .unwrap(),
@@ -123,6 +124,16 @@ impl Client {
         device: &Arc<Device>,
         structured: bool,
     ) -> (Client, std::thread::JoinHandle<Result<(), String>>) {
+        Client::open_negotiating(device, structured, |_| {})
+    }
+
+    /// Opens a connection, `negotiate` sending options (after structured replies, when asked
+    /// for) before `NBD_OPT_GO`.
+    fn open_negotiating(
+        device: &Arc<Device>,
+        structured: bool,
+        negotiate: impl FnOnce(&mut UnixStream),
+    ) -> (Client, std::thread::JoinHandle<Result<(), String>>) {
         let (mut s, h) = connect(device);
         greet(&mut s);
         if structured {
@@ -132,6 +143,7 @@ impl Client {
             option(&mut s, p::OPT_STRUCTURED_REPLY, &[]);
             assert_eq!(option_reply(&mut s).0, p::REP_ACK);
         }
+        negotiate(&mut s);
         option(&mut s, p::OPT_GO, &go_data("ftlab"));
         let mut size = None;
         loop {
@@ -233,6 +245,8 @@ impl Client {
                 assert_eq!(u64::from_be_bytes(payload[..8].try_into().unwrap()), offset);
                 (0, payload[8..].to_vec())
             }
+            // The context id, then (length, flags) descriptors.
+            p::REPLY_TYPE_BLOCK_STATUS => (0, payload),
             p::REPLY_TYPE_ERROR => {
                 let error = u32::from_be_bytes(payload[..4].try_into().unwrap());
                 let n = u16::from_be_bytes([payload[4], payload[5]]) as usize;
@@ -622,6 +636,7 @@ fn the_server_models_the_configured_mapping_table() {
                 record_format: ftlab::server::RecordFormat::Nbdkit,
                 mem_limit_bytes: None,
                 limits: Default::default(),
+                read_only: false,
             },
         )
         .unwrap(),
@@ -823,4 +838,185 @@ fn a_panic_executing_a_request_fails_the_device_instead_of_hanging_its_clients()
         finished.contains("the device failed: internal error"),
         "{finished}"
     );
+}
+
+/// `NBD_OPT_*_META_CONTEXT` data: the export name, then the queries.
+fn meta_context_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+/// The (length, flags) descriptors of a block status reply for context `id`.
+fn descriptors(payload: &[u8], id: u32) -> Vec<(u32, u32)> {
+    assert_eq!(u32::from_be_bytes(payload[..4].try_into().unwrap()), id);
+    payload[4..]
+        .chunks(8)
+        .map(|d| {
+            (
+                u32::from_be_bytes(d[..4].try_into().unwrap()),
+                u32::from_be_bytes(d[4..].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// `base:allocation` through `NBD_OPT_SET_META_CONTEXT` and `NBD_CMD_BLOCK_STATUS`: unwritten
+/// and trimmed pages are holes reading as zeros, pages written as zeros read as zeros, the rest
+/// is data (nbdinfo --map, qemu-img map and nbdcopy read this: `tools.rs`); `NBD_CMD_CACHE` is
+/// accepted.
+#[test]
+fn block_status_tells_holes_zeros_and_data_and_cache_is_accepted() {
+    const HOLE: u32 = p::STATE_HOLE | p::STATE_ZERO;
+    let device = device();
+    // Without structured replies the context cannot be chosen.
+    let (mut plain, _h) = Client::open_negotiating(&device, false, |s| {
+        option(
+            s,
+            p::OPT_SET_META_CONTEXT,
+            &meta_context_data("ftlab", &["base:allocation"]),
+        );
+        assert_eq!(option_reply(s).0, p::REP_ERR_INVALID);
+    });
+    assert_eq!(
+        plain.request(p::CMD_BLOCK_STATUS, 0, 0, 4096, &[]).0,
+        p::EINVAL
+    );
+    let (mut c, _h) = Client::open_negotiating(&device, true, |s| {
+        // LIST with no query lists every context, with id 0.
+        option(
+            s,
+            p::OPT_LIST_META_CONTEXT,
+            &meta_context_data("ftlab", &[]),
+        );
+        let (kind, d) = option_reply(s);
+        assert_eq!(
+            (kind, &d[..4], &d[4..]),
+            (p::REP_META_CONTEXT, &[0u8; 4][..], &b"base:allocation"[..])
+        );
+        assert_eq!(option_reply(s).0, p::REP_ACK);
+        // Another export's contexts: unknown.
+        option(
+            s,
+            p::OPT_SET_META_CONTEXT,
+            &meta_context_data("other", &["base:allocation"]),
+        );
+        assert_eq!(option_reply(s).0, p::REP_ERR_UNKNOWN);
+        // SET picks the one it knows among what is asked.
+        option(
+            s,
+            p::OPT_SET_META_CONTEXT,
+            &meta_context_data("ftlab", &["qemu:dirty-bitmap:x", "base:allocation"]),
+        );
+        let (kind, d) = option_reply(s);
+        assert_eq!(kind, p::REP_META_CONTEXT);
+        assert_eq!(&d[4..], b"base:allocation");
+        assert_eq!(option_reply(s).0, p::REP_ACK);
+    });
+    let id = 1;
+    let page = |n: u8| vec![n; 4096];
+    assert_eq!(c.request(p::CMD_WRITE, 0, 4096, 4096, &page(7)).0, 0);
+    assert_eq!(c.request(p::CMD_WRITE, 0, 3 * 4096, 4096, &page(0)).0, 0);
+    assert_eq!(
+        c.request(
+            p::CMD_WRITE,
+            0,
+            5 * 4096,
+            2 * 4096,
+            &[page(9), page(9)].concat()
+        )
+        .0,
+        0
+    );
+    assert_eq!(c.request(p::CMD_TRIM, 0, 6 * 4096, 4096, &[]).0, 0);
+    let (err, payload) = c.request(p::CMD_BLOCK_STATUS, 0, 0, 8 * 4096, &[]);
+    assert_eq!(err, 0);
+    assert_eq!(
+        descriptors(&payload, id),
+        [
+            (4096, HOLE),
+            (4096, 0),
+            (4096, HOLE),
+            (4096, p::STATE_ZERO),
+            (4096, HOLE),
+            (4096, 0),
+            (2 * 4096, HOLE)
+        ]
+    );
+    // From an odd offset, with REQ_ONE: the first extent only, from the offset.
+    let (_, payload) = c.request(p::CMD_BLOCK_STATUS, p::CMD_FLAG_REQ_ONE, 100, 8 * 4096, &[]);
+    assert_eq!(descriptors(&payload, id), [(4096 - 100, HOLE)]);
+    // Beyond the device, or empty: EINVAL.
+    assert_eq!(
+        c.request(p::CMD_BLOCK_STATUS, 0, SIZE - 4096, 8192, &[]).0,
+        p::EINVAL
+    );
+    assert_eq!(c.request(p::CMD_BLOCK_STATUS, 0, 0, 0, &[]).0, p::EINVAL);
+    // CACHE: nothing to bring nearer than RAM; in range it succeeds.
+    assert_eq!(c.request(p::CMD_CACHE, 0, 0, 1 << 20, &[]).0, 0);
+    assert_eq!(c.request(p::CMD_CACHE, 0, SIZE, 4096, &[]).0, p::EINVAL);
+}
+
+/// `--read-only`: advertised with `NBD_FLAG_READ_ONLY`, and writes, trims and zeroes that come
+/// anyway are refused with EPERM, the data unchanged.
+#[test]
+fn a_read_only_export_refuses_writes_with_eperm() {
+    let c = config(
+        "femu",
+        &[
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+        ],
+    );
+    let device = Arc::new(
+        Device::new(
+            &c,
+            DeviceOptions {
+                export_name: "ftlab".into(),
+                latency: Latency::None,
+                codec: Codec::Lz4,
+                record: None,
+                record_format: ftlab::server::RecordFormat::Nbdkit,
+                mem_limit_bytes: None,
+                limits: Default::default(),
+                read_only: true,
+            },
+        )
+        .unwrap(),
+    );
+    let (mut s, _h) = connect(&device);
+    greet(&mut s);
+    option(&mut s, p::OPT_GO, &go_data("ftlab"));
+    let mut flags = None;
+    loop {
+        let (kind, d) = option_reply(&mut s);
+        match kind {
+            p::REP_INFO if u16::from_be_bytes([d[0], d[1]]) == p::INFO_EXPORT => {
+                flags = Some(u16::from_be_bytes([d[10], d[11]]));
+            }
+            p::REP_ACK => break,
+            _ => {}
+        }
+    }
+    assert!(flags.unwrap() & p::TF_READ_ONLY != 0);
+    let mut c = Client {
+        s,
+        cookie: 0,
+        structured: false,
+        last_error_message: String::new(),
+    };
+    let data = vec![5u8; 4096];
+    assert_eq!(c.request(p::CMD_WRITE, 0, 0, 4096, &data).0, p::EPERM);
+    assert_eq!(c.request(p::CMD_TRIM, 0, 0, 4096, &[]).0, p::EPERM);
+    assert_eq!(c.request(p::CMD_WRITE_ZEROES, 0, 0, 4096, &[]).0, p::EPERM);
+    let (err, back) = c.request(p::CMD_READ, 0, 0, 4096, &[]);
+    assert_eq!((err, back == vec![0u8; 4096]), (0, true));
+    assert_eq!(c.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+    assert_eq!(device.ftl_stats().1.host_write_pages, 0);
 }

@@ -380,3 +380,99 @@ fn image_saved_at_shutdown_is_loaded_at_the_next_start() {
     // Loading is not client I/O: the second session wrote nothing.
     assert!(summary.contains("host write pages 0,"), "{summary}");
 }
+
+/// Block status, checked by the clients that use it: `nbdinfo --map` and `qemu-img map` see
+/// unwritten and trimmed ranges as holes, and nbdcopy skips them (its copy stays sparse);
+/// `nbdinfo` sees CACHE offered and `--read-only` advertised.
+#[test]
+fn real_clients_see_holes_and_copy_sparse() {
+    const TEST: &str = "real_clients_see_holes_and_copy_sparse";
+    for tool in ["nbdinfo", "nbdcopy", "qemu-io", "qemu-img"] {
+        if !have(tool) {
+            return skip(
+                TEST,
+                &format!("{tool} is not installed (apt-get install libnbd-bin qemu-utils)"),
+            );
+        }
+    }
+    let server = Server::start("holes", 64 << 20);
+    let uri = server.uri();
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0xab 1M 64k",
+        "-c",
+        "write -P 0xcd 8M 4k",
+        "-c",
+        "write -P 0xee 16M 1M",
+        "-c",
+        "discard 16M 512k",
+        &uri,
+    ]));
+    // nbdinfo --map: "offset length type description" per extent.
+    let map = run(Command::new("nbdinfo").args(["--map", &uri]));
+    let data: Vec<(u64, u64)> = map
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[3] == "data").then(|| (f[0].parse().unwrap(), f[1].parse().unwrap()))
+        })
+        .collect();
+    assert_eq!(
+        data,
+        [
+            (1 << 20, 64 << 10),
+            (8 << 20, 4 << 10),
+            ((16 << 20) + (512 << 10), 512 << 10)
+        ],
+        "{map}"
+    );
+    assert!(map.contains("hole,zero"), "{map}");
+    // qemu-img map: the same extents as data, the rest zero.
+    let qmap = run(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &uri]));
+    let entries: serde_json::Value = serde_json::from_str(
+        qmap.lines()
+            .filter(|l| !l.is_empty())
+            .collect::<String>()
+            .trim(),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {qmap}"));
+    let qdata: Vec<(u64, u64)> = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"] == true)
+        .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(qdata, data, "{qmap}");
+    // nbdcopy to a file skips the holes: the copy takes about the data's blocks, not 64 MiB.
+    let dir = crate::support::temp_dir("holes-copy");
+    let out = dir.join("copy.img");
+    run(Command::new("nbdcopy").arg(&uri).arg(&out));
+    let meta = std::fs::metadata(&out).unwrap();
+    assert_eq!(meta.len(), 64 << 20);
+    use std::os::unix::fs::MetadataExt;
+    let allocated = meta.blocks() * 512;
+    assert!(allocated <= 2 << 20, "{allocated} bytes allocated");
+    let bytes = std::fs::read(&out).unwrap();
+    assert!(bytes[1 << 20..(1 << 20) + (64 << 10)]
+        .iter()
+        .all(|&b| b == 0xab));
+    assert!(bytes[(16 << 20) + (512 << 10)..17 << 20]
+        .iter()
+        .all(|&b| b == 0xee));
+    assert!(bytes[16 << 20..(16 << 20) + (512 << 10)]
+        .iter()
+        .all(|&b| b == 0));
+    let info = run(Command::new("nbdinfo").arg(&uri));
+    assert!(
+        info.contains("can_cache: true") && info.contains("is_read_only: false"),
+        "{info}"
+    );
+    server.stop();
+    let ro = Server::start_with("holes-ro", 64 << 20, &["--read-only"]);
+    let info = run(Command::new("nbdinfo").arg(ro.uri()));
+    assert!(info.contains("is_read_only: true"), "{info}");
+    ro.stop();
+}
