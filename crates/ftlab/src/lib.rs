@@ -6,6 +6,7 @@ pub mod ftl;
 pub mod geometry;
 pub mod heap;
 pub mod mapbench;
+pub mod memory;
 pub mod report;
 pub mod request;
 pub mod rng;

@@ -302,7 +302,29 @@ fn main() {
             }
             Ok(())
         }
-        Command::Config(args) => build_config(&args, &[], &[]).map(|c| print!("{}", c.to_toml())),
+        Command::Config(args) => build_config(&args, &[], &[]).and_then(|c| {
+            let estimate = ftlab::memory::MemoryEstimate::of(&c, &c.geometry()?);
+            print!("{}", c.to_toml());
+            // Comments, so that the output stays a config file to start from.
+            println!(
+                "\n# Memory the FTL's tables take, estimated (`sim` and `serve` refuse a device \
+                 that needs more than the host has available):"
+            );
+            for part in &estimate.parts {
+                println!(
+                    "#   {:<20} {:>10}  {}",
+                    part.name,
+                    ftlab::memory::human_bytes(part.bytes),
+                    part.basis
+                );
+            }
+            println!(
+                "#   {:<20} {:>10}",
+                "total",
+                ftlab::memory::human_bytes(estimate.total_bytes)
+            );
+            Ok(())
+        }),
     };
     if let Err(e) = result {
         eprintln!("ftlab: error: {e:#}");

@@ -30,6 +30,8 @@ pub enum SimError {
     Request { location: String, cause: FtlError },
     #[error("workload: {0}")]
     Workload(String),
+    #[error("{0}")]
+    Memory(String),
 }
 
 /// What the driver reports while it runs (for a progress bar).
@@ -79,6 +81,11 @@ impl Source {
 /// Runs the configured simulation and returns its report.
 pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report, SimError> {
     let geometry = config.geometry()?;
+    // Before the first table is allocated: a device too large for the host is an error naming
+    // its keys, not an abort on a failed allocation.
+    crate::memory::MemoryEstimate::of(config, &geometry)
+        .check(crate::memory::available().as_ref())
+        .map_err(SimError::Memory)?;
     match config.ftl.mapping.as_str() {
         "flat" => run_with(config, FlatMapping::new(geometry.logical_pages), progress),
         "hash" => run_with(config, HashMapping::new(), progress),

@@ -250,6 +250,8 @@ fn store_errno(e: crate::store::StoreError) -> Errno {
 impl Device {
     pub fn new(config: &Config, options: DeviceOptions) -> Result<Device, String> {
         let geometry = config.geometry().map_err(|e| e.to_string())?;
+        crate::memory::MemoryEstimate::of(config, &geometry)
+            .check(crate::memory::available().as_ref())?;
         let page_bytes = geometry.page_size_bytes as usize;
         if options.limits.max_inflight_bytes < budget::MIN_INFLIGHT_BYTES {
             return Err(format!(

@@ -1366,3 +1366,32 @@ fn connections_are_limited_in_number_and_in_time() {
     assert!(err.contains("handshake not finished within 3 s"), "{err}");
     assert!(err.contains("--idle-timeout"), "{err}");
 }
+
+/// A device whose tables do not fit in the memory the process may use is refused with the
+/// estimate and the keys behind it; it used to abort (exit 134) on a failed 16 GiB allocation.
+/// `ftlab config` prints the estimate.
+#[test]
+fn a_device_too_large_for_the_host_is_refused_with_the_estimate() {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -v 4000000 && exec "$0" sim -q --set flash.blocks_per_die=262143 --set workload.requests=1000"#)
+        .arg(env!("CARGO_BIN_EXE_ftlab"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("need about 16.5 GiB")
+            && err.contains("ulimit -v")
+            && err.contains("reverse map 16.0 GiB")
+            && err.contains("flash.blocks_per_die"),
+        "{err}"
+    );
+    let (ok, out, err) = ftlab(&["config", "--set", "flash.blocks_per_die=262143"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("#   reverse map") && out.contains("16.0 GiB"),
+        "{out}"
+    );
+    assert!(out.contains("#   total"), "{out}");
+}
