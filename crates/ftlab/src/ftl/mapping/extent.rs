@@ -155,16 +155,98 @@ impl MappingTable for ExtentMapping {
         self.peak_bytes.max(self.heap_now())
     }
 
+    /// Rebuilds the table at its structure's minimum: runs that continue each other across a
+    /// chunk boundary (which updates never merge, as each works in one chunk) become one, and
+    /// the runs are packed into full chunks of exact capacity. What is left is 12 bytes a run
+    /// plus, per `CHUNK_RUNS` runs, a chunk's first LPN and its `Vec` (28 bytes): the baseline's
+    /// honest size. (Only shrinking each chunk's allocation left chunks that splits and
+    /// removals had half emptied, about 50 % over 12 bytes a run on a trace of short runs.)
     fn compact(&mut self) {
+        let mut all: Vec<Extent> = Vec::with_capacity(self.runs());
+        for chunk in self.chunks.drain(..) {
+            for run in chunk {
+                match all.last_mut() {
+                    Some(last)
+                        if u64::from(last.lpn) + u64::from(last.len) == u64::from(run.lpn)
+                            && last.ppn.wrapping_add(last.len) == run.ppn =>
+                    {
+                        last.len += run.len;
+                    }
+                    _ => all.push(run),
+                }
+            }
+        }
+        self.first_lpn = all.chunks(CHUNK_RUNS).map(|c| c[0].lpn).collect();
+        self.chunks = all.chunks(CHUNK_RUNS).map(<[Extent]>::to_vec).collect();
         self.first_lpn.shrink_to_fit();
         self.chunks.shrink_to_fit();
-        for c in &mut self.chunks {
-            c.shrink_to_fit();
-        }
         self.run_bytes = self
             .chunks
             .iter()
             .map(|c| c.capacity() * EXTENT_BYTES)
             .sum();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    /// The runs of consecutive LPNs mapping to consecutive PPNs in `map`: the fewest any run
+    /// table can hold it in.
+    fn minimum_runs(map: &std::collections::BTreeMap<u32, u32>) -> usize {
+        let mut runs = 0;
+        let mut last: Option<(u32, u32)> = None;
+        for (&lpn, &ppn) in map {
+            if last != Some((lpn.wrapping_sub(1), ppn.wrapping_sub(1))) {
+                runs += 1;
+            }
+            last = Some((lpn, ppn));
+        }
+        runs
+    }
+
+    /// Compacted, the extent map is 12 bytes a run of the live mappings, plus 28 bytes per
+    /// chunk of 512 runs: many short runs, rewritten and trimmed so that chunks split and
+    /// half-empty, once left it about 50 % larger.
+    #[test]
+    fn compaction_leaves_twelve_bytes_a_run_of_the_live_mappings() {
+        let mut rng = SplitMix64::new(11);
+        let mut table = ExtentMapping::new();
+        let mut oracle = std::collections::BTreeMap::new();
+        let mut next_ppn = 0u32;
+        for round in 0..60_000u32 {
+            let lpn = rng.bounded(200_000) as u32;
+            let len = 1 + rng.bounded(6) as u32;
+            for l in lpn..lpn + len {
+                if round % 7 == 0 {
+                    assert_eq!(table.remove(l), oracle.remove(&l));
+                } else {
+                    assert_eq!(table.set(l, next_ppn), oracle.insert(l, next_ppn));
+                    next_ppn += 1;
+                }
+            }
+        }
+        table.compact();
+        let runs = minimum_runs(&oracle);
+        assert_eq!(table.runs(), runs, "every mergeable pair merged");
+        let chunks = runs.div_ceil(CHUNK_RUNS);
+        assert_eq!(
+            table.heap_bytes(),
+            12 * runs + chunks * (4 + std::mem::size_of::<Vec<Extent>>())
+        );
+        assert_eq!(table.live_mappings(), oracle.len() as u64);
+        for (&lpn, &ppn) in &oracle {
+            assert_eq!(table.get(lpn), Some(ppn));
+        }
+        // And it keeps working after: chunks split and merge again.
+        for l in 0..1000 {
+            table.set(l * 3, l);
+            oracle.insert(l * 3, l);
+        }
+        for (&lpn, &ppn) in &oracle {
+            assert_eq!(table.get(lpn), Some(ppn));
+        }
     }
 }
