@@ -43,18 +43,65 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing failed: {e:?}")
 }
 
+/// The time axis: simulated seconds, or ms or us for a short run (a run of 2 ms in seconds
+/// labelled every tick "0.0").
+fn time_unit(end_ns: u64) -> (f64, &'static str) {
+    match end_ns {
+        0..=999_999 => (1e3, "us"),
+        1_000_000..=999_999_999 => (1e6, "ms"),
+        _ => (1e9, "s"),
+    }
+}
+
+/// The WAF axis's top, and how many intervals lie above it. A single interval can read 800 (GC
+/// moved a superblock while the host wrote a page): scaled to it, the cumulative curve, the one
+/// that matters, lies flat on the floor. So the axis covers the cumulative curve (twice its
+/// highest) and 95 % of the intervals; those above are drawn clipped at the top, and counted.
+fn waf_axis(rows: &[ftlab::report::SeriesRow]) -> (f64, usize) {
+    let mut per_interval: Vec<f64> = rows
+        .iter()
+        .filter(|x| x.host_write_pages > 0)
+        .map(|x| x.waf)
+        .collect();
+    per_interval.sort_by(f64::total_cmp);
+    let p95 = per_interval
+        .get((per_interval.len() * 95 / 100).min(per_interval.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0);
+    let cumulative = rows.iter().map(|x| x.waf_cumulative).fold(1.0f64, f64::max);
+    let top = (2.0 * cumulative).max(p95).max(1.0) * 1.1;
+    let above = per_interval.iter().filter(|&&w| w > top).count();
+    (top, above)
+}
+
+/// "no samples" text in the middle of an empty panel, so that an empty report does not draw
+/// axes of zeros.
+fn draw_empty<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, what: &str) -> Result<()> {
+    let (w, h) = area.dim_in_pixel();
+    area.draw(&Text::new(
+        what.to_string(),
+        (w as i32 / 2 - 200, h as i32 / 2),
+        ("sans-serif", 22),
+    ))
+    .map_err(err)
+}
+
 fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
+    let rows = &r.series;
+    if rows.is_empty() {
+        draw_empty(&root, "no time series: the run measured nothing")?;
+        root.present().map_err(err)?;
+        return Ok(());
+    }
     let (top, rest) = root.split_vertically(SIZE.1 / 2);
     let (bottom, mapping) = rest.split_vertically(SIZE.1 / 4);
-    let rows = &r.series;
-    let t_end = rows.last().map_or(1.0, |x| x.end_ns as f64 / 1e9).max(1e-9);
+    let end_ns = rows.last().map_or(0, |x| x.end_ns);
+    let (per_unit, unit) = time_unit(end_ns);
+    let t = |ns: u64| ns as f64 / per_unit;
+    let t_end = t(end_ns).max(1e-9);
     let start = 0.0;
-    let waf_max = rows
-        .iter()
-        .map(|x| x.waf.max(x.waf_cumulative))
-        .fold(1.0f64, f64::max)
-        * 1.1;
+    let (waf_max, above) = waf_axis(rows);
     let mut chart = ChartBuilder::on(&top)
         .caption(
             format!("WAF over time (overall {})", ftlab::report::waf_text(r.waf)),
@@ -67,25 +114,37 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("simulated time (s)")
+        .x_desc(format!("simulated time ({unit})"))
         .y_desc("WAF")
         .draw()
         .map_err(err)?;
+    let label = if above > 0 {
+        let highest = rows.iter().map(|x| x.waf).fold(0.0f64, f64::max);
+        format!("per interval ({above} above the axis, up to {highest:.0}: drawn at its top, ▲)")
+    } else {
+        "per interval".to_string()
+    };
     chart
         .draw_series(LineSeries::new(
             rows.iter()
                 .filter(|x| x.host_write_pages > 0)
-                .map(|x| (x.end_ns as f64 / 1e9, x.waf)),
+                .map(|x| (t(x.end_ns), x.waf.min(waf_max))),
             &BLUE,
         ))
         .map_err(err)?
-        .label("per interval")
+        .label(label)
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
     chart
-        .draw_series(LineSeries::new(
+        .draw_series(
             rows.iter()
-                .map(|x| (x.end_ns as f64 / 1e9, x.waf_cumulative)),
-            &RED,
+                .filter(|x| x.host_write_pages > 0 && x.waf > waf_max)
+                .map(|x| TriangleMarker::new((t(x.end_ns), waf_max), 6, BLUE.filled())),
+        )
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            rows.iter().map(|x| (t(x.end_ns), x.waf_cumulative)),
+            RED.stroke_width(2),
         ))
         .map_err(err)?
         .label("cumulative")
@@ -105,14 +164,14 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("simulated time (s)")
+        .x_desc(format!("simulated time ({unit})"))
         .y_desc("free superblocks")
         .draw()
         .map_err(err)?;
     chart
         .draw_series(LineSeries::new(
             rows.iter()
-                .map(|x| (x.end_ns as f64 / 1e9, f64::from(x.free_superblocks))),
+                .map(|x| (t(x.end_ns), f64::from(x.free_superblocks))),
             &GREEN,
         ))
         .map_err(err)?;
@@ -124,21 +183,22 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(start..t_end, 0.0..(peak_mib * 1.1).max(1e-3))
+        .build_cartesian_2d(start..t_end, 0.0..(peak_mib * 1.25).max(1e-3))
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("simulated time (s)")
+        .x_desc(format!("simulated time ({unit})"))
         .y_desc(format!("{} table (MiB)", r.mapping.table))
         .draw()
         .map_err(err)?;
     chart
         .draw_series(LineSeries::new(
-            rows.iter()
-                .map(|x| (x.end_ns as f64 / 1e9, mib(x.mapping_bytes))),
+            rows.iter().map(|x| (t(x.end_ns), mib(x.mapping_bytes))),
             &MAGENTA,
         ))
-        .map_err(err)?;
+        .map_err(err)?
+        .label("mapping table")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAGENTA));
     chart
         .draw_series(DashedLineSeries::new(
             [(start, peak_mib), (t_end, peak_mib)],
@@ -146,26 +206,50 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
             4,
             BLACK.into(),
         ))
+        .map_err(err)?
+        .label(format!(
+            "its peak, preconditioning included ({peak_mib:.2} MiB)"
+        ))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
 }
 
+/// A latency at or below this took no simulated time.
+const ZERO_NS: u64 = ftlab::report::ZERO_LATENCY_NS;
+
 fn draw_latency<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
+    let c = &r.latency_cdf;
     let cdfs = [
-        ("read", &r.latency_cdf.read, BLUE),
-        ("write", &r.latency_cdf.write, RED),
+        ("read", &c.read, c.read_at_zero, BLUE),
+        ("write", &c.write, c.write_at_zero, RED),
     ];
+    // Zero latencies (buffer hits, unwritten pages) have no place on a log axis: leaving them
+    // at its left edge drew a diagonal from there that no request took. They are said in the
+    // legend, and each curve starts at its first latency above zero.
     let all = cdfs
         .iter()
-        .flat_map(|(_, c, _)| c.iter().map(|p| p.0 as f64 / 1e3));
+        .flat_map(|(_, c, _, _)| c.iter().filter(|p| p.0 > ZERO_NS).map(|p| p.0 as f64 / 1e3));
     let (lo, hi) = all.fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if hi <= 0.0 {
-        (0.1, 10.0)
-    } else {
-        ((lo * 0.8).max(0.01), hi * 1.25)
-    };
+    if hi <= 0.0 {
+        let what = if cdfs.iter().all(|(_, c, _, _)| c.is_empty()) {
+            "no reads or writes: no latency to draw"
+        } else {
+            "every read and write took no simulated time"
+        };
+        draw_empty(&root, what)?;
+        root.present().map_err(err)?;
+        return Ok(());
+    }
+    let (lo, hi) = ((lo * 0.8).max(0.01), hi * 1.25);
     let mut chart = ChartBuilder::on(&root)
         .caption("Request latency CDF", ("sans-serif", 24))
         .margin(12)
@@ -179,17 +263,27 @@ fn draw_latency<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) ->
         .y_desc("fraction of requests")
         .draw()
         .map_err(err)?;
-    for (name, cdf, color) in cdfs {
+    for (name, cdf, at_zero, color) in cdfs {
         if cdf.is_empty() {
             continue;
         }
+        let label = if at_zero > 0.0 {
+            format!(
+                "{name} ({:.1} % took 0 us, not on the log axis)",
+                at_zero * 100.0
+            )
+        } else {
+            name.to_string()
+        };
         chart
             .draw_series(LineSeries::new(
-                cdf.iter().map(|&(ns, q)| ((ns as f64 / 1e3).max(lo), q)),
+                cdf.iter()
+                    .filter(|p| p.0 > ZERO_NS)
+                    .map(|&(ns, q)| (ns as f64 / 1e3, q)),
                 &color,
             ))
             .map_err(err)?
-            .label(name)
+            .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
     chart
@@ -223,4 +317,46 @@ pub fn run(report: &Path, out: Option<&Path>) -> Result<()> {
     draw_latency(BitMapBackend::new(&lat_png, SIZE).into_drawing_area(), &r)?;
     println!("wrote {} and {}", waf_png.display(), lat_png.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftlab::report::SeriesRow;
+
+    fn row(end_ns: u64, waf: f64, waf_cumulative: f64) -> SeriesRow {
+        SeriesRow {
+            end_ns,
+            host_write_pages: 10,
+            nand_write_pages: 10,
+            waf,
+            waf_cumulative,
+            iops: 0.0,
+            free_superblocks: 0,
+            mapping_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_spike_is_clipped_and_counted_so_the_cumulative_curve_keeps_the_axis() {
+        let mut rows: Vec<SeriesRow> = (0..100)
+            .map(|i| row(i, 3.0 + (i % 5) as f64, 5.0))
+            .collect();
+        rows[40].waf = 800.0;
+        let (top, above) = waf_axis(&rows);
+        assert!((10.0..=12.0).contains(&top), "{top}");
+        assert_eq!(above, 1);
+        // No spike: nothing above, the axis covers every interval.
+        rows[40].waf = 4.0;
+        let (top, above) = waf_axis(&rows);
+        assert_eq!(above, 0);
+        assert!(top >= 7.0);
+    }
+
+    #[test]
+    fn short_runs_get_a_time_unit_that_shows_them() {
+        assert_eq!(time_unit(2_000_000).1, "ms");
+        assert_eq!(time_unit(500_000).1, "us");
+        assert_eq!(time_unit(24_000_000_000).1, "s");
+    }
 }

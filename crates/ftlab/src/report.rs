@@ -67,7 +67,7 @@ impl OpHistograms {
             Op::Trim => &mut self.trim,
             Op::Flush => &mut self.flush,
         };
-        h.saturating_record(latency_ns.max(1));
+        h.saturating_record(latency_ns.max(ZERO_LATENCY_NS));
     }
 
     pub fn summaries(&self) -> OpLatencies {
@@ -192,6 +192,18 @@ fn summarize(h: &Histogram<u64>) -> LatencySummary {
     }
 }
 
+/// The fraction of samples that took no time (recorded as 1 ns, the histogram's floor: no
+/// flash operation takes a nanosecond), rounded to 6 decimals; 0 for no samples.
+fn at_zero(h: &Histogram<u64>) -> f64 {
+    if h.is_empty() {
+        return 0.0;
+    }
+    round6(h.count_between(0, ZERO_LATENCY_NS) as f64 / h.len() as f64)
+}
+
+/// What a request that took no simulated time is recorded as (`OpHistograms::record`).
+pub const ZERO_LATENCY_NS: u64 = 1;
+
 fn cdf(h: &Histogram<u64>) -> Cdf {
     if h.is_empty() {
         return Vec::new();
@@ -214,6 +226,12 @@ pub struct OpLatencies {
 pub struct LatencyCdfs {
     pub read: Cdf,
     pub write: Cdf,
+    /// The fraction of reads that took no simulated time (write-buffer hits, pages never
+    /// written): a log-scale axis cannot show them, so plots say it apart.
+    #[serde(default)]
+    pub read_at_zero: f64,
+    #[serde(default)]
+    pub write_at_zero: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -476,6 +494,8 @@ impl Report {
             latency_cdf: LatencyCdfs {
                 read: cdf(&l.read),
                 write: cdf(&l.write),
+                read_at_zero: at_zero(&l.read),
+                write_at_zero: at_zero(&l.write),
             },
             series: recorder.series,
             config: config.clone(),

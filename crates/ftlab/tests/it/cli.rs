@@ -1395,3 +1395,57 @@ fn a_device_too_large_for_the_host_is_refused_with_the_estimate() {
     );
     assert!(out.contains("#   total"), "{out}");
 }
+
+/// Plots a reader can trust: a spike of per-interval WAF is clipped and counted instead of
+/// flattening the cumulative curve; requests that took no time are said in the legend instead of
+/// drawing a diagonal from the log axis's edge; the mapping panel's lines are in a legend; an
+/// empty report says it is empty instead of labelling every tick 0.0.
+#[test]
+fn plots_clip_spikes_say_zero_latencies_and_empty_reports() {
+    let dir = temp_dir("cli-plot");
+    let json = dir.join("z.json");
+    let (ok, _, err) = ftlab(&[
+        "sim",
+        "-q",
+        "--set",
+        "workload.kind=zipf",
+        "--set",
+        "workload.requests=300000",
+        "--set",
+        "workload.read_pcent=30",
+        "--set",
+        "ftl.write_buffer_mib=64",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let report = read_json(&json);
+    assert!(
+        report["latency_cdf"]["read_at_zero"].as_f64().unwrap() > 0.1,
+        "buffer hits"
+    );
+    let (ok, _, err) = ftlab(&["plot", json.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let waf = std::fs::read_to_string(dir.join("z-waf.svg")).unwrap();
+    assert!(
+        waf.contains("above the axis, up to"),
+        "a spike clipped and counted"
+    );
+    assert!(waf.contains("its peak, preconditioning included"));
+    let latency = std::fs::read_to_string(dir.join("z-latency.svg")).unwrap();
+    assert!(latency.contains("% took 0 us, not on the log axis"));
+    // The same report emptied: no series, no latencies.
+    let mut empty = report.clone();
+    empty["series"] = serde_json::json!([]);
+    empty["latency_cdf"]["read"] = serde_json::json!([]);
+    empty["latency_cdf"]["write"] = serde_json::json!([]);
+    let empty_path = dir.join("e.json");
+    std::fs::write(&empty_path, serde_json::to_string(&empty).unwrap()).unwrap();
+    let (ok, _, err) = ftlab(&["plot", empty_path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let waf = std::fs::read_to_string(dir.join("e-waf.svg")).unwrap();
+    assert!(waf.contains("no time series"), "{waf}");
+    assert!(!waf.contains(">0.0<"), "no axis of zeros");
+    let latency = std::fs::read_to_string(dir.join("e-latency.svg")).unwrap();
+    assert!(latency.contains("no reads or writes"));
+}
