@@ -170,6 +170,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.stats_interval.is_finite() && args.stats_interval > 0.0,
         "--stats-interval must be a positive number of seconds"
     );
+    anyhow::ensure!(
+        args.handshake_timeout > 0.0,
+        "--handshake-timeout must be a positive number of seconds"
+    );
     let device = Arc::new(
         Device::new(
             &config,
@@ -186,7 +190,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 mem_limit_bytes: args.mem_limit,
                 limits: ConnectionLimits {
                     max_inflight_bytes: args.max_inflight_bytes,
-                    handshake_timeout: Duration::from_secs_f64(args.handshake_timeout.max(0.001)),
+                    handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
                     idle_timeout: (args.idle_timeout > 0.0)
                         .then(|| Duration::from_secs_f64(args.idle_timeout)),
                 },
