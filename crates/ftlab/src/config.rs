@@ -107,11 +107,90 @@ pub struct CapacityConfig {
     pub spare_factor: Option<f64>,
 }
 
+/// The logical-to-physical mapping table (`ftl.mapping`): every table maps the same, and
+/// differs in DRAM and speed (docs/mapping.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MappingKind {
+    /// One u32 per logical page.
+    #[default]
+    Flat,
+    /// A hash map of the live mappings.
+    Hash,
+    /// Sorted runs of consecutive PPNs.
+    Extent,
+    /// Learned segments over groups of LPNs, with an update buffer.
+    Learned,
+}
+
+impl std::fmt::Display for Replay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+        })
+    }
+}
+
+impl MappingKind {
+    pub const ALL: [MappingKind; 4] = [Self::Flat, Self::Hash, Self::Extent, Self::Learned];
+
+    /// The name `ftl.mapping` takes (and the report gives).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flat => "flat",
+            Self::Hash => "hash",
+            Self::Extent => "extent",
+            Self::Learned => "learned",
+        }
+    }
+}
+
+/// The synthetic generator (`workload.kind`). Held as its name in the configuration and read
+/// through `WorkloadConfig::generator`, so that a device served over NBD, which runs no
+/// generator, is not refused for the workload section it ignores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GeneratorKind {
+    Sequential,
+    Uniform,
+    Zipf,
+    HotCold,
+    Jesd219,
+}
+
+impl GeneratorKind {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Ok(match name {
+            "sequential" | "seq" => Self::Sequential,
+            "uniform" | "random" => Self::Uniform,
+            "zipf" => Self::Zipf,
+            "hotcold" => Self::HotCold,
+            "jesd219" => Self::Jesd219,
+            other => {
+                return Err(format!(
+                    "unknown workload `{other}` (sequential, uniform, zipf, hotcold, jesd219)"
+                ))
+            }
+        })
+    }
+}
+
+/// How a trace is replayed (`workload.replay`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Replay {
+    /// Requests arrive at the trace's timestamps (times `time_scale`).
+    #[default]
+    Open,
+    /// `queue_depth` requests outstanding, each issued as one completes.
+    Closed,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FtlConfig {
-    #[serde(default = "flat")]
-    pub mapping: String,
+    #[serde(default)]
+    pub mapping: MappingKind,
     /// `learned` only: its update buffer holds up to one in this many live mappings (a power
     /// of two; docs/mapping.md, "How large a buffer").
     #[serde(default = "learned_buffer_divisor")]
@@ -178,10 +257,10 @@ pub struct WorkloadConfig {
     pub trace: Option<String>,
     /// msr | nbdkit | disksim | blkparse | fio; guessed from the content when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub format: Option<String>,
+    pub format: Option<crate::trace::TraceFormat>,
     /// open: requests arrive at trace timestamps x time_scale; closed: queue_depth outstanding.
-    #[serde(default = "open")]
-    pub replay: String,
+    #[serde(default)]
+    pub replay: Replay,
     #[serde(default = "one_f")]
     pub time_scale: f64,
     /// Addresses beyond the logical capacity wrap around instead of being an error.
@@ -190,6 +269,13 @@ pub struct WorkloadConfig {
     /// Malformed trace lines are counted and skipped instead of being an error.
     #[serde(default)]
     pub skip_bad_lines: bool,
+}
+
+impl WorkloadConfig {
+    /// The generator `kind` names.
+    pub fn generator(&self) -> Result<GeneratorKind, ConfigError> {
+        GeneratorKind::parse(&self.kind).map_err(|reason| invalid("workload.kind", reason))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -220,14 +306,13 @@ fn one_f() -> f64 {
 fn two_f() -> f64 {
     2.0
 }
+/// `ftl.learned_buffer_divisor`'s default: the configuration's own choice (one in 16 live
+/// mappings, docs/mapping.md "How large a buffer"), the same as the learned table's default for
+/// its other users (a test keeps the two equal).
+pub const DEFAULT_LEARNED_BUFFER_DIVISOR: u64 = 16;
+
 fn learned_buffer_divisor() -> u64 {
-    crate::ftl::mapping::learned::BUFFER_LIVE_DIVISOR
-}
-fn flat() -> String {
-    "flat".into()
-}
-fn open() -> String {
-    "open".into()
+    DEFAULT_LEARNED_BUFFER_DIVISOR
 }
 fn four_kib() -> u64 {
     4096
@@ -445,17 +530,11 @@ impl Config {
                 "must be a number >= 0",
             ));
         }
-        if w.replay != "open" && w.replay != "closed" {
-            return Err(invalid("workload.replay", "must be `open` or `closed`"));
-        }
         if !(w.time_scale.is_finite() && (0.0..=1000.0).contains(&w.time_scale)) {
             return Err(invalid(
                 "workload.time_scale",
                 "must be a number in 0..=1000",
             ));
-        }
-        if let Some(f) = &w.format {
-            crate::trace::TraceFormat::parse(f).map_err(|r| invalid("workload.format", r))?;
         }
         // A trace replaces the generator, whose keys then do not matter (a preset's span may
         // exceed a device sized for the trace).
@@ -468,8 +547,7 @@ impl Config {
     fn validate_generator(&self) -> Result<(), ConfigError> {
         let w = &self.workload;
         let geometry = self.geometry()?;
-        crate::workload::GeneratorKind::parse(&w.kind)
-            .map_err(|reason| invalid("workload.kind", reason))?;
+        let kind = w.generator()?;
         if w.requests.is_some() && w.overwrites.is_some() {
             return Err(invalid(
                 "workload.requests",
@@ -502,7 +580,8 @@ impl Config {
                 return Err(invalid(key, format!("{v} is not a percentage in 0..=100")));
             }
         }
-        if !(w.hot_space_pcent > 0.0 && w.hot_space_pcent < 100.0) && w.kind == "hotcold" {
+        if !(w.hot_space_pcent > 0.0 && w.hot_space_pcent < 100.0) && kind == GeneratorKind::HotCold
+        {
             return Err(invalid(
                 "workload.hot_space_pcent",
                 "hotcold needs a hot region strictly between 0 and 100 %",
@@ -538,18 +617,31 @@ impl Config {
         } else {
             w.span_bytes
         };
-        if w.kind == "hotcold" && span / w.request_size_bytes < 2 {
+        if kind == GeneratorKind::HotCold && span / w.request_size_bytes < 2 {
             return Err(invalid(
                 "workload.span_bytes",
                 "hotcold needs room for at least two requests (a hot one and a cold one)",
             ));
         }
-        if w.kind == "jesd219" && span < 1 << 20 {
+        if kind == GeneratorKind::Jesd219 && span < 1 << 20 {
             return Err(invalid(
                 "workload.span_bytes",
                 "jesd219 needs at least 1 MiB to place its transfers (up to 64 KiB) in its three regions",
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The configuration's default buffer is the learned table's own (each keeps its constant so
+    /// that configuration need not know the table's internals).
+    #[test]
+    fn the_learned_buffer_default_is_the_tables() {
+        assert_eq!(
+            super::DEFAULT_LEARNED_BUFFER_DIVISOR,
+            crate::ftl::mapping::learned::BUFFER_LIVE_DIVISOR
+        );
     }
 }

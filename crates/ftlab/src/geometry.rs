@@ -150,16 +150,6 @@ impl Geometry {
             (physical_pages as f64 * (1.0 - sf)).floor() as u64
         };
         let ftl = &config.ftl;
-        if !crate::ftl::mapping::TABLES.contains(&ftl.mapping.as_str()) {
-            return Err(invalid(
-                "ftl.mapping",
-                format!(
-                    "`{}` is not a mapping table; choose one of {}",
-                    ftl.mapping,
-                    crate::ftl::mapping::TABLES.join(", ")
-                ),
-            ));
-        }
         let divisor = ftl.learned_buffer_divisor;
         if !(divisor.is_power_of_two() && divisor <= 1 << 20) {
             return Err(invalid(

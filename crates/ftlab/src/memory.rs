@@ -6,7 +6,7 @@
 //! Owns: the per-structure byte counts and the reading of the host's limits. Does not know: how
 //! the tables are built (the counts mirror their `heap_bytes`, checked by a test).
 
-use crate::config::Config;
+use crate::config::{Config, MappingKind};
 use crate::geometry::Geometry;
 use serde::Serialize;
 
@@ -32,15 +32,15 @@ pub struct MemoryEstimate {
 /// byte a bucket, buckets at most 16/7 of the entries); the extent map's 12-byte runs when every
 /// page is a run of its own; the learned table's documented worst case (4.0-4.5 bytes a mapping,
 /// docs/mapping.md) with its update buffer at its fullest.
-fn mapping_bytes_per_page(table: &str) -> (f64, &'static str) {
+fn mapping_bytes_per_page(table: MappingKind) -> (f64, &'static str) {
     match table {
-        "hash" => (9.0 * 16.0 / 7.0, "about 20.6 B per logical page at worst"),
-        "extent" => (12.0, "12 B per run, at worst a run per logical page"),
-        "learned" => (
+        MappingKind::Hash => (9.0 * 16.0 / 7.0, "about 20.6 B per logical page at worst"),
+        MappingKind::Extent => (12.0, "12 B per run, at worst a run per logical page"),
+        MappingKind::Learned => (
             7.0,
             "about 7 B per logical page at worst (random PPNs, its buffer full)",
         ),
-        _ => (4.0, "4 B per logical page"),
+        MappingKind::Flat => (4.0, "4 B per logical page"),
     }
 }
 
@@ -48,7 +48,7 @@ impl MemoryEstimate {
     pub fn of(config: &Config, g: &Geometry) -> Self {
         let flash_keys = "flash.channels x dies_per_channel x blocks_per_die x pages_per_block";
         let capacity_keys = "capacity.logical_bytes (or over_provisioning, spare_factor)";
-        let (per_page, how) = mapping_bytes_per_page(&config.ftl.mapping);
+        let (per_page, how) = mapping_bytes_per_page(config.ftl.mapping);
         let mut parts = vec![
             MemoryPart {
                 name: "reverse map",
@@ -75,7 +75,8 @@ impl MemoryEstimate {
                 bytes: (g.logical_pages as f64 * per_page) as u64,
                 basis: format!(
                     "`{}`: {how} x {} pages (ftl.mapping, {capacity_keys})",
-                    config.ftl.mapping, g.logical_pages
+                    config.ftl.mapping.name(),
+                    g.logical_pages
                 ),
             },
         ];
@@ -234,7 +235,7 @@ mod tests {
             let c = config(sets);
             let g = c.geometry().unwrap();
             let estimate = MemoryEstimate::of(&c, &g);
-            let ftl = crate::ftl::Ftl::new(&c, FlatMapping::new(g.logical_pages));
+            let ftl = crate::ftl::Ftl::new(&c, g.clone(), FlatMapping::new(g.logical_pages));
             let real = ftl.metadata_bytes() as u64;
             let diff = estimate.total_bytes.abs_diff(real);
             assert!(

@@ -47,8 +47,8 @@ pub struct ServeArgs {
     #[arg(long)]
     record: Option<PathBuf>,
     /// Format of --record: nbdkit (everything) or msr (reads and writes only: MSR has no trim).
-    #[arg(long, default_value = "nbdkit", value_parser = ["nbdkit", "msr"])]
-    record_format: String,
+    #[arg(long, default_value = "nbdkit", value_parser = RecordFormat::parse)]
+    record_format: RecordFormat,
     /// Load the device's bytes from this raw image at start (when it exists) and save them back
     /// at a clean shutdown (SIGINT, SIGTERM or SIGHUP: connections are drained first, so every write
     /// acknowledged is saved). Nothing is saved if the process dies otherwise. The image must be a
@@ -182,11 +182,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 latency,
                 codec,
                 record: args.record.clone(),
-                record_format: if args.record_format == "msr" {
-                    RecordFormat::Msr
-                } else {
-                    RecordFormat::Nbdkit
-                },
+                record_format: args.record_format,
                 mem_limit_bytes: args.mem_limit,
                 limits: ConnectionLimits {
                     max_inflight_bytes: args.max_inflight_bytes,

@@ -4,11 +4,11 @@
 //! Does not know: flash internals beyond the FTL's public counters.
 
 use crate::config::Config;
-use crate::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping, LearnedMapping, MappingTable};
-use crate::ftl::{Ftl, FtlError};
+use crate::ftl::mapping::MappingTable;
+use crate::ftl::{ConfiguredFtl, Ftl, FtlError, FtlVisitor};
 use crate::report::{Recorder, Report, TraceInfo};
 use crate::request::{Op, Request};
-use crate::trace::{TraceError, TraceFormat, TraceReader};
+use crate::trace::{TraceError, TraceReader};
 use crate::workload::Generator;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -86,18 +86,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report
     crate::memory::MemoryEstimate::of(config, &geometry)
         .check(crate::memory::available().as_ref())
         .map_err(SimError::Memory)?;
-    match config.ftl.mapping.as_str() {
-        "flat" => run_with(config, FlatMapping::new(geometry.logical_pages), progress),
-        "hash" => run_with(config, HashMapping::new(), progress),
-        "extent" => run_with(config, ExtentMapping::new(), progress),
-        "learned" => run_with(
-            config,
-            LearnedMapping::new(geometry.logical_pages)
-                .buffer_live_divisor(config.ftl.learned_buffer_divisor),
-            progress,
-        ),
-        other => unreachable!("config validation admits only known tables, got {other}"),
-    }
+    ConfiguredFtl::new(config, &geometry).visit(Simulate { config, progress })
 }
 
 /// Issues `count` requests from `next` with `queue_depth` outstanding, starting at `start_ns`;
@@ -187,13 +176,26 @@ fn precondition<M: MappingTable>(
     ftl.flush(t).max(ftl.timing().horizon_ns())
 }
 
-/// Runs the configured simulation on a given mapping table.
+/// `run`'s generic half, for the FTL `ConfiguredFtl` built.
+struct Simulate<'a, 'p> {
+    config: &'a Config,
+    progress: &'p mut dyn FnMut(Progress),
+}
+
+impl FtlVisitor for Simulate<'_, '_> {
+    type Output = Result<Report, SimError>;
+    fn visit<M: MappingTable>(self, ftl: Ftl<M>) -> Self::Output {
+        run_with(self.config, ftl, self.progress)
+    }
+}
+
+/// Runs the configured simulation on a given FTL (any mapping table: `ftlab mapbench` runs it on
+/// one that records its updates).
 pub fn run_with<M: MappingTable>(
     config: &Config,
-    map: M,
+    mut ftl: Ftl<M>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Report, SimError> {
-    let mut ftl = Ftl::new(config, map);
     let geometry = ftl.geometry().clone();
     let w = &config.workload;
     let mut start_ns = 0;
@@ -204,14 +206,12 @@ pub fn run_with<M: MappingTable>(
 
     let (mut source, total, open_loop) = match &w.trace {
         Some(path) => {
-            let format = w
-                .format
-                .as_deref()
-                .map(TraceFormat::parse)
-                .transpose()
-                .map_err(SimError::Workload)?;
-            let reader = TraceReader::open(Path::new(path), format, w.skip_bad_lines)?;
-            (Source::Trace(Box::new(reader)), None, w.replay == "open")
+            let reader = TraceReader::open(Path::new(path), w.format, w.skip_bad_lines)?;
+            (
+                Source::Trace(Box::new(reader)),
+                None,
+                w.replay == crate::config::Replay::Open,
+            )
         }
         None => {
             let generator =

@@ -4,35 +4,9 @@
 //! Offsets of page-sized and larger requests are aligned to the request size (as fio's `bs`
 //! alignment); JESD219's sub-4 KiB transfers are 512-byte aligned and become read-modify-writes.
 
-use crate::config::WorkloadConfig;
+use crate::config::{GeneratorKind, WorkloadConfig};
 use crate::request::{Op, Request};
 use crate::rng::{Range, SplitMix64};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GeneratorKind {
-    Sequential,
-    Uniform,
-    Zipf,
-    HotCold,
-    Jesd219,
-}
-
-impl GeneratorKind {
-    pub fn parse(name: &str) -> Result<Self, String> {
-        Ok(match name {
-            "sequential" | "seq" => Self::Sequential,
-            "uniform" | "random" => Self::Uniform,
-            "zipf" => Self::Zipf,
-            "hotcold" => Self::HotCold,
-            "jesd219" => Self::Jesd219,
-            other => {
-                return Err(format!(
-                    "unknown workload `{other}` (sequential, uniform, zipf, hotcold, jesd219)"
-                ))
-            }
-        })
-    }
-}
 
 /// JESD219A enterprise transfer sizes (bytes) and their weights in percent.
 pub const JESD219_SIZES: [(u64, u32); 12] = [
@@ -139,7 +113,7 @@ pub struct Generator {
 
 impl Generator {
     pub fn new(w: &WorkloadConfig, logical_bytes: u64) -> Result<Self, String> {
-        let kind = GeneratorKind::parse(&w.kind)?;
+        let kind = w.generator().map_err(|e| e.to_string())?;
         let span_bytes = if w.span_bytes == 0 {
             logical_bytes
         } else {

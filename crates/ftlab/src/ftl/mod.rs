@@ -6,6 +6,7 @@
 //! simulated time a request arrives and gets back the time it completes.
 
 pub mod block_manager;
+pub mod configured;
 pub mod mapping;
 pub mod stats;
 pub mod write_buffer;
@@ -15,6 +16,7 @@ use crate::flash::{transfer_ns, FlashTiming, ProgramTimes};
 use crate::geometry::Geometry;
 use crate::request::{Op, Request};
 use block_manager::{BlockManager, SuperblockState, NONE};
+pub use configured::{ConfiguredFtl, FtlVisitor};
 use mapping::MappingTable;
 pub use stats::FtlStats;
 use write_buffer::{BufferPolicy, WriteBuffer};
@@ -75,8 +77,8 @@ const GC_PREFETCH_DISTANCE: usize = 32;
 const GC_PREFETCH_NEAR: usize = 16;
 
 impl<M: MappingTable> Ftl<M> {
-    pub fn new(config: &Config, map: M) -> Self {
-        let geometry = config.geometry().expect("config was validated");
+    /// An FTL for `config` on `geometry`, which `config.geometry()` validated and computed.
+    pub fn new(config: &Config, geometry: Geometry, map: M) -> Self {
         let page_bytes = u64::from(geometry.page_size_bytes);
         let buffer_pages = (config.ftl.write_buffer_mib * (1u64 << 20) as f64) as u64 / page_bytes;
         let buffer_pages = buffer_pages

@@ -400,12 +400,14 @@ fn simulator_updates(
     })?;
     let log = Rc::new(RefCell::new(Vec::new()));
     let measured_from = Rc::new(Cell::new(0));
+    let geometry = config.geometry()?;
     let table = Recording {
-        inner: FlatMapping::new(config.geometry()?.logical_pages),
+        inner: FlatMapping::new(geometry.logical_pages),
         log: log.clone(),
         measured_from: measured_from.clone(),
     };
-    let report = crate::sim::run_with(&config, table, progress)?;
+    let ftl = crate::ftl::Ftl::new(&config, geometry, table);
+    let report = crate::sim::run_with(&config, ftl, progress)?;
     let fill_updates = measured_from.get() as u64;
     Ok(SimulatedUpdates {
         updates: log.take(),

@@ -10,16 +10,15 @@
 pub mod budget;
 pub mod dictionary;
 pub mod incoming;
-pub mod model;
 pub mod protocol;
 
 use crate::config::Config;
+use crate::ftl::ConfiguredFtl;
 use crate::report::OpHistograms;
 use crate::request::{Op, Request as FtlRequest};
 use crate::store::codec::Codec;
 use crate::store::{PageStore, StoreConfig, StoreStats};
 pub use incoming::Incoming;
-use model::ModelFtl;
 use protocol as p;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -138,8 +137,18 @@ pub enum RecordFormat {
     Msr,
 }
 
+impl RecordFormat {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "nbdkit" => Ok(Self::Nbdkit),
+            "msr" => Ok(Self::Msr),
+            other => Err(format!("`{other}`: the record format is nbdkit or msr")),
+        }
+    }
+}
+
 struct State {
-    ftl: ModelFtl,
+    ftl: ConfiguredFtl,
     requests: u64,
     record: Option<BufWriter<std::fs::File>>,
     record_format: RecordFormat,
@@ -275,7 +284,7 @@ impl Device {
         Ok(Device {
             rmw: Mutex::new(()),
             state: Mutex::new(State {
-                ftl: ModelFtl::new(config, geometry.logical_pages),
+                ftl: ConfiguredFtl::new(config, &geometry),
                 requests: 0,
                 record,
                 record_format: options.record_format,

@@ -15,10 +15,13 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A trace format (`--format`, `workload.format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TraceFormat {
     Msr,
     Nbdkit,
+    #[serde(alias = "mqsim", alias = "ascii")]
     Disksim,
     Blkparse,
     Fio,

@@ -91,7 +91,7 @@ proptest! {
         };
         let geometry = config.geometry().unwrap();
         let logical = geometry.logical_pages;
-        let mut ftl = Ftl::new(&config, FlatMapping::new(logical));
+        let mut ftl = Ftl::new(&config, config.geometry().unwrap(), FlatMapping::new(logical));
         let mut oracle: HashSet<u64> = HashSet::new();
         let mut now = 0u64;
         for a in actions {

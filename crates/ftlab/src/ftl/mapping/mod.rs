@@ -95,9 +95,6 @@ pub use extent::ExtentMapping;
 pub use hash::HashMapping;
 pub use learned::LearnedMapping;
 
-/// The table names `ftl.mapping` accepts.
-pub const TABLES: [&str; 4] = ["flat", "hash", "extent", "learned"];
-
 const UNMAPPED: u32 = u32::MAX;
 
 /// One u32 per logical page: 4 bytes x capacity / page size, the DRAM a page-level FTL needs.
