@@ -139,8 +139,6 @@ fn write_stats(device: &Device, path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
 /// Asks glibc to grow its heaps in steps of 64 MiB. A thread's arena otherwise grows by
 /// `mprotect`-ing exactly what each allocation needs: filling a device with incompressible pages
 /// (one 4 KiB slab each) cost about 260,000 `mprotect` calls per GiB: 1.19 s -> 0.70 s per GiB
@@ -154,10 +152,6 @@ fn grow_heaps_in_large_steps() {
     unsafe {
         libc::mallopt(libc::M_TOP_PAD, 64 << 20);
     }
-}
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -221,12 +215,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Now, so that a path that cannot be written stops `serve` before any client comes.
         write_stats(&device, path)?;
     }
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        // A closed terminal (or ssh session) ends the device as cleanly, its image saved.
-        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
+    // Set by SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session ends the device as
+    // cleanly, its image saved); the loops below poll it.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(signal, stop.clone())
+            .with_context(|| format!("installing the handler of signal {signal}"))?;
     }
     // Every listener is bound before anything says "ready": a banner followed by a failure to
     // bind the next listener told scripts the server was up when it was about to exit.
@@ -287,9 +285,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Trainings take seconds: a thread of their own, so the listeners never wait. It is not
         // joined at shutdown: a training changes nothing until it installs its dictionary.
         let device = device.clone();
+        let stop = stop.clone();
         std::thread::spawn(move || {
             let mut schedule = ftlab::server::dictionary::DictionarySchedule::default();
-            while !STOP.load(Ordering::SeqCst) {
+            while !stop.load(Ordering::SeqCst) {
                 if let Some(line) = device.train_dictionary_if_due(&mut schedule) {
                     eprintln!("ftlab serve: {line}");
                 }
@@ -300,7 +299,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut last_stats = std::time::Instant::now();
     let mut connections: Vec<Connection> = Vec::new();
     let mut failure_told = false;
-    while !STOP.load(Ordering::SeqCst) {
+    while !stop.load(Ordering::SeqCst) {
         if let Some(why) = device.failure().filter(|_| !failure_told) {
             eprintln!(
                 "ftlab serve: {why}\nftlab serve: the device has failed: every request is now answered EIO \

@@ -127,25 +127,7 @@ const KEEP_PAYLOAD_BYTES: usize = (1 << 20) + (64 << 10);
 /// announcing 32 MiB costs no memory until the bytes come.
 const PAYLOAD_PIECE_BYTES: usize = 256 << 10;
 
-/// How `--record` writes requests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecordFormat {
-    /// nbdkit log lines: reads, writes, trims and flushes; a replay reproduces the counters.
-    Nbdkit,
-    /// MSR Cambridge CSV: reads and writes only (the format has no trim or flush), so a replay
-    /// differs wherever trims mattered.
-    Msr,
-}
-
-impl RecordFormat {
-    pub fn parse(name: &str) -> Result<Self, String> {
-        match name {
-            "nbdkit" => Ok(Self::Nbdkit),
-            "msr" => Ok(Self::Msr),
-            other => Err(format!("`{other}`: the record format is nbdkit or msr")),
-        }
-    }
-}
+pub use crate::trace::RecordFormat;
 
 struct State {
     ftl: ConfiguredFtl,
@@ -159,52 +141,24 @@ struct State {
     latency: OpHistograms,
 }
 
-/// 100 ns ticks from 1601-01-01 (Windows FILETIME, MSR's clock) to 1970-01-01.
-const FILETIME_UNIX_EPOCH_TICKS: u64 = 116_444_736_000_000_000;
-
 impl State {
     /// Applies one request to the FTL model (and records it).
     fn submit(&mut self, request: FtlRequest, unix_start_ns: u64) -> Result<u64, Errno> {
         if let Some(w) = &mut self.record {
             self.recorded += 1;
-            let verb = match request.op {
-                Op::Read => "Read",
-                Op::Write => "Write",
-                Op::Trim => "Trim",
-                Op::Flush => "Flush",
-            };
             let unix_ns = unix_start_ns + request.arrival_ns;
-            let written = match self.record_format {
-                RecordFormat::Nbdkit => writeln!(
-                    w,
-                    "{}",
-                    crate::trace::nbdkit::format_line(
-                        unix_ns,
-                        1,
-                        verb,
-                        self.recorded,
-                        request.offset_bytes,
-                        request.length_bytes,
-                    )
-                ),
-                RecordFormat::Msr if matches!(request.op, Op::Read | Op::Write) => writeln!(
-                    w,
-                    "{},ftlab,0,{verb},{},{},0",
-                    FILETIME_UNIX_EPOCH_TICKS + unix_ns / 100,
-                    request.offset_bytes,
-                    request.length_bytes
-                ),
-                RecordFormat::Msr => Ok(()),
-            };
-            // A failing record file must not fail the client's I/O: it is reported at shutdown.
-            if let Err(e) = written {
-                self.record_error.get_or_insert_with(|| e.to_string());
+            if let Some(line) = self.record_format.line(&request, unix_ns, self.recorded) {
+                // A failing record file must not fail the client's I/O: it is reported at
+                // shutdown.
+                if let Err(e) = writeln!(w, "{line}") {
+                    self.record_error.get_or_insert_with(|| e.to_string());
+                }
             }
         }
         let done_ns = self
             .ftl
             .submit(&request, request.arrival_ns)
-            .map_err(|_| p::EINVAL)?;
+            .map_err(|e| ftl_errno(&e, request.op))?;
         self.latency
             .record(request.op, done_ns.saturating_sub(request.arrival_ns));
         Ok(done_ns)
@@ -246,6 +200,16 @@ pub struct Device {
 
 /// Why a request failed, as an NBD error code.
 type Errno = u32;
+
+/// The NBD error the spec gives for what the FTL refused: a write beyond the end is "no space",
+/// any other request out of range or naming no stream is invalid.
+fn ftl_errno(e: &crate::ftl::FtlError, op: Op) -> Errno {
+    match (e, op) {
+        (crate::ftl::FtlError::OutOfRange { .. }, Op::Write) => p::ENOSPC,
+        (crate::ftl::FtlError::OutOfRange { .. }, _) => p::EINVAL,
+        (crate::ftl::FtlError::NoSuchStream { .. }, _) => p::EINVAL,
+    }
+}
 
 /// The NBD error for a page-store failure: a full store (its memory limit) is "no space left",
 /// anything else an I/O error.
@@ -1639,4 +1603,27 @@ pub fn tmp_path_beside(path: &std::path::Path) -> std::path::PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".tmp");
     name.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the FTL refuses reaches the client as the error the NBD spec gives for it (it was
+    /// EINVAL for everything).
+    #[test]
+    fn ftl_errors_become_the_nbd_errors_the_spec_gives() {
+        let out = crate::ftl::FtlError::OutOfRange {
+            offset_bytes: 0,
+            length_bytes: 1,
+            capacity_bytes: 0,
+        };
+        assert_eq!(ftl_errno(&out, Op::Write), p::ENOSPC);
+        assert_eq!(ftl_errno(&out, Op::Read), p::EINVAL);
+        let stream = crate::ftl::FtlError::NoSuchStream {
+            stream: 3,
+            streams: 1,
+        };
+        assert_eq!(ftl_errno(&stream, Op::Write), p::EINVAL);
+    }
 }

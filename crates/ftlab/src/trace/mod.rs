@@ -10,7 +10,7 @@ mod fio;
 mod msr;
 pub mod nbdkit;
 
-use crate::request::Request;
+use crate::request::{Op, Request};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -101,6 +101,58 @@ pub enum TraceError {
         lines: u64,
         bad_lines: u64,
     },
+}
+
+/// How a recorded request is written (`ftlab serve --record`): the one place a request becomes a
+/// trace line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// nbdkit log lines: reads, writes, trims and flushes; a replay reproduces the counters.
+    Nbdkit,
+    /// MSR Cambridge CSV: reads and writes only (the format has no trim or flush), so a replay
+    /// differs wherever trims mattered.
+    Msr,
+}
+
+/// 100 ns ticks from 1601-01-01 (Windows FILETIME, MSR's clock) to 1970-01-01.
+const FILETIME_UNIX_EPOCH_TICKS: u64 = 116_444_736_000_000_000;
+
+impl RecordFormat {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "nbdkit" => Ok(Self::Nbdkit),
+            "msr" => Ok(Self::Msr),
+            other => Err(format!("`{other}`: the record format is nbdkit or msr")),
+        }
+    }
+
+    /// `request`, made at `unix_ns` wall-clock time and numbered `id`, as a line of this format;
+    /// None where the format cannot say it (a trim or flush in MSR).
+    pub fn line(self, request: &Request, unix_ns: u64, id: u64) -> Option<String> {
+        let verb = match request.op {
+            Op::Read => "Read",
+            Op::Write => "Write",
+            Op::Trim => "Trim",
+            Op::Flush => "Flush",
+        };
+        match self {
+            Self::Nbdkit => Some(nbdkit::format_line(
+                unix_ns,
+                1,
+                verb,
+                id,
+                request.offset_bytes,
+                request.length_bytes,
+            )),
+            Self::Msr if matches!(request.op, Op::Read | Op::Write) => Some(format!(
+                "{},ftlab,0,{verb},{},{},0",
+                FILETIME_UNIX_EPOCH_TICKS + unix_ns / 100,
+                request.offset_bytes,
+                request.length_bytes
+            )),
+            Self::Msr => None,
+        }
+    }
 }
 
 /// Simulated time stays far from u64 overflow: no trace may span more than this.
@@ -460,6 +512,38 @@ pub fn fuzz_one(format: TraceFormat, data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A recorded request reads back as itself: nbdkit keeps trims and flushes, MSR cannot say
+    /// them and leaves them out.
+    #[test]
+    fn recorded_lines_parse_back_to_their_requests() {
+        let write = Request {
+            arrival_ns: 0,
+            op: Op::Write,
+            offset_bytes: 8192,
+            length_bytes: 4096,
+            stream: 0,
+        };
+        let trim = Request {
+            op: Op::Trim,
+            ..write
+        };
+        let unix_ns = 1_764_300_000_123_456_700;
+        let line = RecordFormat::Msr.line(&write, unix_ns, 1).unwrap();
+        let back = msr::parse(&line).unwrap().unwrap();
+        assert_eq!(
+            (back.op, back.offset_bytes, back.length_bytes),
+            (Op::Write, 8192, 4096)
+        );
+        assert_eq!(RecordFormat::Msr.line(&trim, unix_ns, 2), None);
+        let line = RecordFormat::Nbdkit.line(&trim, unix_ns, 3).unwrap();
+        let back = nbdkit::parse(&line).unwrap().unwrap();
+        assert_eq!(
+            (back.op, back.offset_bytes, back.length_bytes),
+            (Op::Trim, 8192, 4096)
+        );
+        assert!(RecordFormat::parse("csv").is_err());
+    }
 
     #[test]
     fn seconds_parse_exactly() {
