@@ -530,8 +530,7 @@ fn main() -> anyhow::Result<()> {
     // and through its compressed layer alone: the directory and the blob, no buffer, no
     // cursor). Each lookup goes through one indirect call; the flat u64 column is about that.
     let mut misses = Vec::new();
-    let cursor_misses =
-        |t: &LearnedMapping| t.learned_activity().map_or(0, |a| a.get_cursor_misses);
+    let cursor_misses = |t: &LearnedMapping| t.activity().get_cursor_misses;
     learned.note_gets(ops.gets.len() as u64);
     for &lpn in &ops.gets {
         let before = cursor_misses(&learned);

@@ -5,8 +5,8 @@
 //! wall-clock speed appears in the human summary alone.
 
 use crate::config::Config;
-use crate::ftl::mapping::learned::LearnedActivity;
 use crate::ftl::mapping::MappingTable;
+use crate::ftl::mapping::TableActivity;
 use crate::ftl::{Ftl, FtlStats};
 use crate::request::{Op, Request};
 use hdrhistogram::Histogram;
@@ -281,9 +281,20 @@ pub struct MappingInfo {
     /// answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
-    /// For `learned`: what its buffer did (merges, updates in place) and its groups' encodings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned: Option<LearnedActivity>,
+    /// What the table did beyond mapping, under its name (`learned`: what its buffer did, merges
+    /// and updates in place, and its groups' encodings).
+    #[serde(flatten)]
+    pub activity: Option<TableActivity>,
+}
+
+impl MappingInfo {
+    /// The learned table's activity, when the table is `learned`.
+    pub fn learned(&self) -> Option<&crate::ftl::mapping::learned::LearnedActivity> {
+        match &self.activity {
+            Some(TableActivity::Learned(a)) => Some(a),
+            None => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -415,7 +426,7 @@ impl Report {
         let mapping_bytes_peak = ftl.mapping().peak_heap_bytes() as u64;
         let ftl_metadata_bytes = ftl.metadata_bytes() as u64;
         let compressed_get_fraction = ftl.mapping().compressed_get_fraction().map(round6);
-        let learned = ftl.mapping().learned_activity();
+        let activity = ftl.mapping().activity();
         ftl.compact_mapping();
         let mapping_bytes_compacted = ftl.mapping_bytes() as u64;
         let s = ftl.stats();
@@ -465,7 +476,7 @@ impl Report {
                 bytes_per_live_mapping: bytes_per_mapping(mapping_bytes, live),
                 ftl_metadata_bytes,
                 compressed_get_fraction,
-                learned,
+                activity,
             },
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),
@@ -634,7 +645,7 @@ impl Report {
         if let Some(f) = self.mapping.compressed_get_fraction {
             let cursor = self
                 .mapping
-                .learned
+                .activity
                 .as_ref()
                 .and_then(|a| a.cursor_get_fraction());
             let _ = writeln!(
@@ -647,7 +658,7 @@ impl Report {
                 ))
             );
         }
-        if let Some(a) = &self.mapping.learned {
+        if let Some(a) = self.mapping.learned() {
             let (c, g) = (&a.counts, &a.groups);
             let _ = writeln!(
                 o,

@@ -42,8 +42,9 @@ pub struct MappingSummary {
     pub live_mappings: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compressed_get_fraction: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub learned: Option<crate::ftl::mapping::learned::LearnedActivity>,
+    /// The table's own account, under its name (`learned`).
+    #[serde(flatten)]
+    pub activity: Option<crate::ftl::mapping::TableActivity>,
 }
 
 impl ConfiguredFtl {
@@ -105,7 +106,7 @@ impl ConfiguredFtl {
             bytes: f.mapping_bytes() as u64,
             live_mappings: f.mapping().live_mappings(),
             compressed_get_fraction: f.mapping().compressed_get_fraction(),
-            learned: f.mapping().learned_activity(),
+            activity: MappingTable::activity(f.mapping()),
         })
     }
 }

@@ -177,9 +177,7 @@ fn timed_phases<M: MappingTable>(
     };
     let mut get_s = pass(&ops.gets);
     let fraction = table.compressed_get_fraction();
-    let cursor = table
-        .learned_activity()
-        .and_then(|a| a.cursor_get_fraction());
+    let cursor = table.activity().and_then(|a| a.cursor_get_fraction());
     for _ in 1..LOOKUP_PASSES {
         get_s = get_s.min(pass(&ops.gets));
     }

@@ -110,7 +110,7 @@ fn every_mapping_table_gives_the_flat_tables_results() {
         fractions.push(f);
         // The FTL notes each lookup it makes (`note_gets`): one per host page read the
         // write buffer did not answer (whole-page writes read nothing back).
-        let a = report.mapping.learned.as_ref().expect("learned's activity");
+        let a = report.mapping.learned().expect("learned's activity");
         assert_eq!(
             a.gets,
             report.host_read_pages - report.counters.buffer_read_hits,
@@ -203,8 +203,8 @@ fn the_learned_tables_activity_counts_the_measured_phase() {
     let r = run(&config("femu", &learned_sets));
     let a = r
         .mapping
-        .learned
-        .clone()
+        .learned()
+        .cloned()
         .expect("learned reports its activity");
     // The fill mapped every LPN, so every group of the device holds mappings.
     let g = &a.groups;
@@ -226,6 +226,6 @@ fn the_learned_tables_activity_counts_the_measured_phase() {
         "{a:?} against {updates} updates"
     );
     let flat = run(&config("femu", &sets));
-    assert_eq!(flat.mapping.learned, None);
+    assert_eq!(flat.mapping.learned(), None);
     assert!(!flat.to_json().contains("\"learned\""));
 }

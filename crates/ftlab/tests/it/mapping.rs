@@ -441,7 +441,7 @@ fn the_compressed_fraction_counts_gets_only() {
 #[test]
 fn the_cursor_counts_the_gets_it_did_not_answer() {
     let misses = |t: &LearnedMapping| {
-        let a = t.learned_activity().expect("learned reports its activity");
+        let a = t.activity();
         (a.gets, a.get_cursor_misses)
     };
     for merged in [false, true] {

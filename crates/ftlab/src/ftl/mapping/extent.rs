@@ -136,6 +136,18 @@ impl MappingTable for ExtentMapping {
         old
     }
 
+    fn for_each_live(&self, logical_pages: u64, f: &mut dyn FnMut(u32, u32)) {
+        for run in self.chunks.iter().flatten() {
+            for i in 0..run.len {
+                let lpn = run.lpn + i;
+                if u64::from(lpn) >= logical_pages {
+                    return;
+                }
+                f(lpn, run.ppn.wrapping_add(i));
+            }
+        }
+    }
+
     fn live_mappings(&self) -> u64 {
         self.live
     }

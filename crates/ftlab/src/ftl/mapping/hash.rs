@@ -45,6 +45,19 @@ impl MappingTable for HashMapping {
         self.ppn_of_lpn.remove(&lpn)
     }
 
+    fn for_each_live(&self, logical_pages: u64, f: &mut dyn FnMut(u32, u32)) {
+        let mut live: Vec<(u32, u32)> = self
+            .ppn_of_lpn
+            .iter()
+            .filter(|(&lpn, _)| u64::from(lpn) < logical_pages)
+            .map(|(&lpn, &ppn)| (lpn, ppn))
+            .collect();
+        live.sort_unstable();
+        for (lpn, ppn) in live {
+            f(lpn, ppn);
+        }
+    }
+
     fn live_mappings(&self) -> u64 {
         self.ppn_of_lpn.len() as u64
     }

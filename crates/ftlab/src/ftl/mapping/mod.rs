@@ -35,7 +35,7 @@ pub trait MappingTable {
     #[inline]
     fn prefetch_near(&self, _lpn: u32) {}
     /// The caller made `n` more lookups (`get`) that count: the total behind
-    /// `compressed_get_fraction` and `learned_activity`. `get` does not count itself: that
+    /// `compressed_get_fraction` and `activity`. `get` does not count itself: that
     /// would be a load and a store on every lookup, the ones a lookup cursor answers in a few
     /// instructions included (in `ftlab mapbench`, rocksdb's GET rate 1.24-1.28 G/s with the
     /// count in `get`, 1.32-1.37 without). So the count is the caller's, made in bulk where it
@@ -65,12 +65,42 @@ pub trait MappingTable {
     fn compressed_get_fraction(&self) -> Option<f64> {
         None
     }
-    /// For `learned`: its merges, updates in place and encodings (None for the other tables).
-    fn learned_activity(&self) -> Option<learned::LearnedActivity> {
+    /// What the table did beyond mapping, in its own terms (the report's `mapping.<table>`
+    /// object); None for a table with nothing to tell.
+    fn activity(&self) -> Option<TableActivity> {
         None
     }
-    /// Starts the counts behind `learned_activity` and `compressed_get_fraction` over.
+    /// Starts the counts behind `activity` and `compressed_get_fraction` over.
     fn reset_activity(&mut self) {}
+    /// Calls `f(lpn, ppn)` for every live mapping, in ascending LPN order, the LPNs below
+    /// `logical_pages`: what saving the table or copying it for a snapshot walks. The default
+    /// looks every LPN up; tables that can list their mappings faster do so.
+    fn for_each_live(&self, logical_pages: u64, f: &mut dyn FnMut(u32, u32)) {
+        for lpn in 0..logical_pages.min(u64::from(u32::MAX)) as u32 {
+            if let Some(ppn) = self.get_uncounted(lpn) {
+                f(lpn, ppn);
+            }
+        }
+    }
+}
+
+/// A table's own account of its work (`MappingTable::activity`): one variant per table that has
+/// one, serialised under the table's name, so the FTL and the report carry it without knowing
+/// its fields.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TableActivity {
+    /// Merges, updates in place, the lookup cursor and the groups' encodings.
+    Learned(learned::LearnedActivity),
+}
+
+impl TableActivity {
+    /// The fraction of lookups answered with no search, for tables with a lookup cursor.
+    pub fn cursor_get_fraction(&self) -> Option<f64> {
+        match self {
+            Self::Learned(a) => a.cursor_get_fraction(),
+        }
+    }
 }
 
 /// Asks the CPU to bring the cache line holding `*p` closer. A no-op where unsupported.

@@ -113,6 +113,21 @@ pub fn check_table_probing<M: MappingTable>(
             table.name()
         );
     }
+    // Every live mapping listed once, in LPN order (on devices read whole: the listing may
+    // look every LPN up).
+    if probes.len() == lpns as usize {
+        let mut listed = Vec::with_capacity(oracle.len());
+        table.for_each_live(u64::from(lpns), &mut |lpn, ppn| listed.push((lpn, ppn)));
+        let mut want: Vec<(u32, u32)> = oracle.iter().map(|(&l, &p)| (l, p)).collect();
+        want.sort_unstable();
+        assert!(
+            listed == want,
+            "{}: for_each_live lists {} mappings, the oracle {}",
+            table.name(),
+            listed.len(),
+            want.len()
+        );
+    }
 }
 
 /// All four tables on `ops`; the learned one with a buffer of at least `learned_buffer` entries

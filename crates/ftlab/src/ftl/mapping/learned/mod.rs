@@ -1231,8 +1231,10 @@ impl MappingTable for LearnedMapping {
         self.groups.shrink();
     }
 
-    fn learned_activity(&self) -> Option<LearnedActivity> {
-        Some(self.activity())
+    fn activity(&self) -> Option<super::TableActivity> {
+        Some(super::TableActivity::Learned(LearnedMapping::activity(
+            self,
+        )))
     }
 
     fn reset_activity(&mut self) {
