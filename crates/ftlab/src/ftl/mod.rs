@@ -14,7 +14,7 @@ pub mod write_buffer;
 use crate::config::Config;
 use crate::flash::{transfer_ns, FlashTiming, ProgramTimes};
 use crate::geometry::Geometry;
-use crate::request::{Op, Request};
+use crate::request::{Op, PageSpan, Request};
 use block_manager::{BlockManager, SuperblockState, NONE};
 pub use configured::{ConfiguredFtl, FtlVisitor};
 use mapping::MappingTable;
@@ -232,31 +232,29 @@ impl<M: MappingTable> Ftl<M> {
         if request.length_bytes == 0 {
             return Ok(now_ns + self.host_page_ns);
         }
-        let page = u64::from(self.geometry.page_size_bytes);
-        let first = request.offset_bytes / page;
-        let last = (request.offset_bytes + request.length_bytes - 1) / page;
+        let span = PageSpan::new(
+            request.offset_bytes,
+            request.length_bytes,
+            u64::from(self.geometry.page_size_bytes),
+        );
         let mut done_ns = now_ns;
         match request.op {
             Op::Write => {
-                for lpn in first..=last {
-                    let start = (lpn * page).max(request.offset_bytes);
-                    let end = ((lpn + 1) * page).min(request.offset_bytes + request.length_bytes);
-                    let partial = end - start < page;
+                for lpn in span.touched() {
+                    let partial = !span.is_whole(lpn);
                     let t = self.write_page(lpn as u32, request.stream, partial, now_ns);
                     done_ns = done_ns.max(t);
                 }
             }
             Op::Read => {
-                for lpn in first..=last {
+                for lpn in span.touched() {
                     done_ns = done_ns.max(self.read_page(lpn as u32, now_ns));
                 }
             }
             Op::Trim => {
                 // Only whole pages are deallocated; the partial ends of a trim keep their data,
                 // as an SSD with page-granular mapping does.
-                let first_whole = request.offset_bytes.div_ceil(page);
-                let end_whole = (request.offset_bytes + request.length_bytes) / page;
-                for lpn in first_whole..end_whole {
+                for lpn in span.whole() {
                     self.trim_page(lpn as u32);
                 }
                 done_ns = now_ns + self.host_page_ns;

@@ -15,7 +15,7 @@ pub mod protocol;
 use crate::config::Config;
 use crate::ftl::ConfiguredFtl;
 use crate::report::OpHistograms;
-use crate::request::{Op, Request as FtlRequest};
+use crate::request::{Op, PageSpan, Request as FtlRequest};
 use crate::store::codec::Codec;
 use crate::store::{PageStore, StoreConfig, StoreStats};
 pub use incoming::Incoming;
@@ -730,9 +730,9 @@ impl Device {
             p::CMD_READ | p::CMD_TRIM | p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_FLUSH => {}
             _ => return Err(p::EINVAL),
         }
-        let first = offset / ps;
-        let last_excl = (offset + length).div_ceil(ps);
-        let (whole_first, whole_end) = whole_pages(offset, length, ps);
+        let span = PageSpan::new(offset, length, ps);
+        let touched = span.touched();
+        let (whole_first, whole_end) = (span.whole().start, span.whole().end);
         // A request alone in flight hands its whole pages to the store as one batch, which the
         // store's thread pool compresses in parallel. When the client keeps more requests in
         // flight, the connection's workers already keep the cores busy and the hand-off to the
@@ -749,7 +749,7 @@ impl Device {
         match r.command {
             p::CMD_READ => {
                 // Behind the reply header `answer` left room for, reserved already.
-                for lpn in first..last_excl {
+                for lpn in touched {
                     if batched && lpn == whole_first {
                         // Whole pages in one parallel batch, straight into the reply.
                         let lpns: Vec<u64> = (whole_first..whole_end).collect();
@@ -759,7 +759,7 @@ impl Device {
                             .read_batch(&lpns, &mut out[at..])
                             .map_err(store_errno)?;
                     } else if !batched || lpn < whole_first || lpn >= whole_end {
-                        let (a, b) = covered(lpn, ps, offset, length);
+                        let (a, b) = span.covered(lpn);
                         if b - a == self.page_bytes {
                             let at = out.len();
                             out.resize(at + self.page_bytes, 0);
@@ -775,8 +775,8 @@ impl Device {
             p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
                 let zeroes = r.command == p::CMD_WRITE_ZEROES;
                 let mut at = 0usize;
-                for lpn in first..last_excl {
-                    let (a, b) = covered(lpn, ps, offset, length);
+                for lpn in touched {
+                    let (a, b) = span.covered(lpn);
                     if b - a == self.page_bytes {
                         if zeroes {
                             self.store.trim(lpn);
@@ -855,23 +855,6 @@ impl Device {
         }
         Ok(done - now)
     }
-}
-
-/// The pages [first, end) that [offset, offset + length) covers entirely.
-fn whole_pages(offset: u64, length: u64, page_bytes: u64) -> (u64, u64) {
-    let first = offset.div_ceil(page_bytes);
-    let end = (offset + length) / page_bytes;
-    (first, end.max(first))
-}
-
-/// The byte range [a, b) of page `lpn` that the request [offset, offset + length) covers.
-fn covered(lpn: u64, page_bytes: u64, offset: u64, length: u64) -> (usize, usize) {
-    let start = (lpn * page_bytes).max(offset);
-    let end = ((lpn + 1) * page_bytes).min(offset + length);
-    (
-        (start - lpn * page_bytes) as usize,
-        (end - lpn * page_bytes) as usize,
-    )
 }
 
 fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), String> {
