@@ -82,7 +82,8 @@ pub struct ServeArgs {
     #[arg(long)]
     read_only: bool,
     /// Connections served at once; one more is accepted, closed at once and logged. Each holds
-    /// three threads and up to about 7 MiB (its allowance of requests in flight, buffers).
+    /// three threads and about 5 MiB of its own (its 2 MiB allowance of requests in flight, two
+    /// kept payload buffers, socket buffers), besides its share of --max-inflight-bytes.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
     /// Memory that requests in flight may hold beyond each connection's own 2 MiB allowance,
