@@ -1,4 +1,4 @@
-//! Where the learned table's lookup cursor misses, for docs/mapping-log.md ("More lookup
+//! Where the learned table's lookup cursor misses, for notes/mapping-log.md ("More lookup
 //! cursors", "Where the cursor's misses land"): a trace's lookups in order over its final mapping
 //! (log-head PPNs), a miss wherever a lookup leaves the run of the lookup before (a maximal range
 //! of consecutive PPNs, or of unmapped LPNs, within one 4096-LPN group: the table's spans are

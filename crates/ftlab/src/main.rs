@@ -314,14 +314,14 @@ fn main() {
                 println!(
                     "#   {:<20} {:>10}  {}",
                     part.name,
-                    ftlab::memory::human_bytes(part.bytes),
+                    ftlab::report::binary_size(part.bytes),
                     part.basis
                 );
             }
             println!(
                 "#   {:<20} {:>10}",
                 "total",
-                ftlab::memory::human_bytes(estimate.total_bytes)
+                ftlab::report::binary_size(estimate.total_bytes)
             );
             Ok(())
         }),

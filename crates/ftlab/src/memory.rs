@@ -8,6 +8,7 @@
 
 use crate::config::{Config, MappingKind};
 use crate::geometry::Geometry;
+use crate::report::binary_size;
 use serde::Serialize;
 
 /// One structure's share of the estimate.
@@ -109,14 +110,14 @@ impl MemoryEstimate {
             .parts
             .iter()
             .filter(|p| p.bytes > 0)
-            .map(|p| format!("{} {} ({})", p.name, human_bytes(p.bytes), p.basis))
+            .map(|p| format!("{} {} ({})", p.name, binary_size(p.bytes), p.basis))
             .collect();
         Err(format!(
             "this device's FTL tables need about {} of memory, more than the {} available ({}): {}. \
              Make the device smaller (flash.blocks_per_die, flash.pages_per_block, \
              capacity.logical_bytes) or pick a smaller mapping table (ftl.mapping)",
-            human_bytes(self.total_bytes),
-            human_bytes(available.bytes),
+            binary_size(self.total_bytes),
+            binary_size(available.bytes),
             available.source,
             parts.join("; ")
         ))
@@ -189,21 +190,6 @@ pub fn available() -> Option<Available> {
         consider(max.saturating_sub(current), "the cgroup's memory.max");
     }
     best
-}
-
-/// "1.5 GiB", "12.0 MiB", "512 B".
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]

@@ -250,9 +250,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     // From here on, an error must not leave the socket file behind.
-    let unix_path = args.unix.clone();
     let remove_socket = || {
-        if let Some(path) = unix_path.as_deref().filter(|p| is_socket(p)) {
+        if let Some(path) = args.unix.as_deref().filter(|p| is_socket(p)) {
             let _ = std::fs::remove_file(path);
         }
     };
@@ -319,41 +318,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         let mut idle = true;
         connections.retain(|c| !c.thread.is_finished());
-        // Past the limit a client is accepted and closed at once (it sees the connection end
-        // before the greeting), so that it is told rather than left waiting in the backlog.
-        let full = connections.len() >= args.max_connections as usize;
-        let refuse = |who: &str| {
-            eprintln!(
-                "ftlab serve: {who}: refused: {} connections already (--max-connections)",
-                args.max_connections
-            )
-        };
-        if let Some(l) = &tcp {
-            if let Ok((stream, peer)) = l.accept() {
-                idle = false;
-                if full {
-                    refuse(&peer.to_string());
-                } else {
-                    match Connection::accept(&device, peer.to_string(), stream) {
-                        Ok(c) => connections.push(c),
-                        Err(e) => eprintln!("ftlab serve: {peer}: refused: {e}"),
-                    }
-                }
-            }
+        if let Some((stream, peer)) = tcp.as_ref().and_then(|l| l.accept().ok()) {
+            idle = false;
+            admit(
+                &mut connections,
+                args.max_connections,
+                &device,
+                peer.to_string(),
+                stream,
+            );
         }
-        let full = connections.len() >= args.max_connections as usize;
-        if let Some(l) = &unix {
-            if let Ok((stream, _)) = l.accept() {
-                idle = false;
-                if full {
-                    refuse("unix client");
-                } else {
-                    match Connection::accept(&device, "unix client".into(), stream) {
-                        Ok(c) => connections.push(c),
-                        Err(e) => eprintln!("ftlab serve: unix client: refused: {e}"),
-                    }
-                }
-            }
+        if let Some((stream, _)) = unix.as_ref().and_then(|l| l.accept().ok()) {
+            idle = false;
+            admit(
+                &mut connections,
+                args.max_connections,
+                &device,
+                "unix client".into(),
+                stream,
+            );
         }
         if idle {
             std::thread::sleep(Duration::from_millis(20));
@@ -435,6 +418,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     anyhow::ensure!(failed.is_empty(), "{}", failed.join("; "));
     Ok(())
+}
+
+/// Serves a client just accepted, unless `max` connections are served already: then it is
+/// closed at once (it sees the connection end before the greeting), so that it is told rather
+/// than left waiting in the backlog, and the refusal is logged.
+fn admit<S: Socket>(
+    connections: &mut Vec<Connection>,
+    max: u32,
+    device: &Arc<Device>,
+    who: String,
+    stream: S,
+) {
+    if connections.len() >= max as usize {
+        eprintln!("ftlab serve: {who}: refused: {max} connections already (--max-connections)");
+        return;
+    }
+    match Connection::accept(device, who.clone(), stream) {
+        Ok(c) => connections.push(c),
+        Err(e) => eprintln!("ftlab serve: {who}: refused: {e}"),
+    }
 }
 
 /// A client's connection, served on a thread of its own.

@@ -74,10 +74,6 @@ impl InflightBudget {
         }
     }
 
-    pub fn max_bytes(&self) -> u64 {
-        self.max_bytes
-    }
-
     /// Shared bytes in use now.
     pub fn used_bytes(&self) -> u64 {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).0

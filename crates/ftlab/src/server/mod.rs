@@ -69,7 +69,7 @@ pub struct DeviceOptions {
 }
 
 /// What the handshake settled for a connection.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Negotiated {
     /// Structured replies (`NBD_OPT_STRUCTURED_REPLY`).
     structured: bool,
@@ -732,7 +732,10 @@ impl Device {
         }
         let span = PageSpan::new(offset, length, ps);
         let touched = span.touched();
-        let (whole_first, whole_end) = (span.whole().start, span.whole().end);
+        let std::ops::Range {
+            start: whole_first,
+            end: whole_end,
+        } = span.whole();
         // A request alone in flight hands its whole pages to the store as one batch, which the
         // store's thread pool compresses in parallel. When the client keeps more requests in
         // flight, the connection's workers already keep the cores busy and the hand-off to the
@@ -1376,24 +1379,13 @@ fn answer(
         } else {
             Err(p::EINVAL)
         };
-        return match status {
-            Ok(descriptors) => (
-                p::block_status_reply(request.cookie, ALLOCATION_CONTEXT_ID, &descriptors),
-                Duration::ZERO,
-            ),
-            Err(errno) if structured => (
-                p::structured_error(
-                    request.cookie,
-                    errno,
-                    &error_message(request, errno, device.failure()),
-                ),
-                Duration::ZERO,
-            ),
-            Err(errno) => (
-                p::simple_reply_header(errno, request.cookie).to_vec(),
-                Duration::ZERO,
-            ),
+        let reply = match status {
+            Ok(descriptors) => {
+                p::block_status_reply(request.cookie, ALLOCATION_CONTEXT_ID, &descriptors)
+            }
+            Err(errno) => error_reply(device, structured, request, errno),
         };
+        return (reply, Duration::ZERO);
     }
     // Structured: the chunk header and the data's offset; simple: the reply header.
     let head = if structured { 20 + 8 } else { 16 };
@@ -1454,18 +1446,24 @@ fn answer(
             };
             (reply, Duration::from_nanos(hold_ns as u64))
         }
-        Err(errno) if structured => (
-            p::structured_error(
-                request.cookie,
-                errno,
-                &error_message(request, errno, device.failure()),
-            ),
-            Duration::ZERO,
-        ),
         Err(errno) => (
-            p::simple_reply_header(errno, request.cookie).to_vec(),
+            error_reply(device, structured, request, errno),
             Duration::ZERO,
         ),
+    }
+}
+
+/// The reply to a request that failed with `errno`: an ERROR chunk with a message when
+/// structured replies were negotiated, a simple reply otherwise.
+fn error_reply(device: &Device, structured: bool, request: &p::Request, errno: Errno) -> Vec<u8> {
+    if structured {
+        p::structured_error(
+            request.cookie,
+            errno,
+            &error_message(request, errno, device.failure()),
+        )
+    } else {
+        p::simple_reply_header(errno, request.cookie).to_vec()
     }
 }
 

@@ -36,19 +36,13 @@ impl TraceFormat {
         TraceFormat::Fio,
     ];
 
+    /// A format by name, as `--format` and `workload.format` take it: the names (and aliases)
+    /// are the serde ones, so the two cannot drift apart.
     pub fn parse(name: &str) -> Result<Self, String> {
-        Ok(match name {
-            "msr" => Self::Msr,
-            "nbdkit" => Self::Nbdkit,
-            "disksim" | "mqsim" | "ascii" => Self::Disksim,
-            "blkparse" => Self::Blkparse,
-            "fio" => Self::Fio,
-            other => {
-                return Err(format!(
-                    "unknown trace format `{other}` (msr, nbdkit, disksim, blkparse, fio)"
-                ))
-            }
-        })
+        use serde::de::IntoDeserializer;
+        use serde::Deserialize;
+        Self::deserialize(name.into_deserializer())
+            .map_err(|e: serde::de::value::Error| format!("trace format: {e}"))
     }
 
     pub fn name(self) -> &'static str {
@@ -543,6 +537,15 @@ mod tests {
             (Op::Trim, 8192, 4096)
         );
         assert!(RecordFormat::parse("csv").is_err());
+    }
+
+    #[test]
+    fn formats_parse_by_their_names_and_aliases() {
+        for f in TraceFormat::ALL {
+            assert_eq!(TraceFormat::parse(f.name()), Ok(f));
+        }
+        assert_eq!(TraceFormat::parse("mqsim"), Ok(TraceFormat::Disksim));
+        assert!(TraceFormat::parse("csv").unwrap_err().contains("csv"));
     }
 
     #[test]

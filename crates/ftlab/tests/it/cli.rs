@@ -587,6 +587,17 @@ fn serve_refuses_an_image_it_could_not_save_before_taking_data() {
     );
 }
 
+/// `ftlab serve` as the tests start it: stdout dropped (the summary), stderr kept for
+/// `exit_of`; the caller adds the arguments and spawns it.
+fn serve_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ftlab"));
+    command
+        .arg("serve")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    command
+}
+
 /// Runs `ftlab serve ARGS` until it exits (it must, within 30 s); its status and stderr.
 fn serve_until_exit(args: &[&std::ffi::OsStr]) -> (bool, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ftlab"));
@@ -758,15 +769,13 @@ fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
     const IN_FLIGHT: u64 = 32;
     let dir = temp_dir("cli-drain");
     let (sock, image) = (dir.join("sock"), dir.join("ssd.img"));
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(["serve", "--no-tcp", "--set"])
+    let mut server = serve_command()
+        .args(["--no-tcp", "--set"])
         .arg(format!("capacity.logical_bytes={}", PAGES * 4096))
         .arg("--unix")
         .arg(&sock)
         .arg("--image")
         .arg(&image)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (mut s, size) = nbd_connect(&sock);
@@ -889,13 +898,8 @@ fn a_stats_file_that_stops_working_does_not_end_the_device_nor_lose_its_image() 
     let (sock, image) = (dir.join("sock"), dir.join("ssd.img"));
     let stats_dir = dir.join("stats");
     std::fs::create_dir(&stats_dir).unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args([
-            "serve",
-            "--no-tcp",
-            "--set",
-            "capacity.logical_bytes=16777216",
-        ])
+    let mut server = serve_command()
+        .args(["--no-tcp", "--set", "capacity.logical_bytes=16777216"])
         .arg("--unix")
         .arg(&sock)
         .arg("--image")
@@ -903,8 +907,6 @@ fn a_stats_file_that_stops_working_does_not_end_the_device_nor_lose_its_image() 
         .arg("--stats")
         .arg(stats_dir.join("s.json"))
         .args(["--stats-interval", "0.05"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (mut s, _) = nbd_connect(&sock);
@@ -988,15 +990,13 @@ fn serve_saves_an_image_given_as_a_symbolic_link_to_its_target() {
     let link = dir.join("link.img");
     std::os::unix::fs::symlink(&target, &link).unwrap();
     let sock = dir.join("sock");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(["serve", "--no-tcp", "--set"])
+    let mut server = serve_command()
+        .args(["--no-tcp", "--set"])
         .arg(format!("capacity.logical_bytes={SIZE}"))
         .arg("--unix")
         .arg(&sock)
         .arg("--image")
         .arg(&link)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (mut s, size) = nbd_connect(&sock);
@@ -1060,15 +1060,13 @@ fn serve_refuses_a_truncated_image_unless_asked_to_grow_it() {
     }
     // Asked for, the half image is taken: its pages loaded, the rest zeros, the save full-size.
     std::fs::write(&image, vec![7u8; 1 << 19]).unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(["serve", "--no-tcp", "--grow-image", "--set"])
+    let mut server = serve_command()
+        .args(["--no-tcp", "--grow-image", "--set"])
         .arg("capacity.logical_bytes=1048576")
         .arg("--unix")
         .arg(&sock)
         .arg("--image")
         .arg(&image)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (_s, size) = nbd_connect(&sock);
@@ -1118,15 +1116,13 @@ fn serve_tells_a_script_or_service_manager_when_it_is_ready() {
     let (sock, pidfile) = (dir.join("s.sock"), dir.join("serve.pid"));
     // A crashed run's pidfile (no such process) is replaced.
     std::fs::write(&pidfile, "2147483000\n").unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--unix"])
+    let mut server = serve_command()
+        .args(["--listen", "127.0.0.1:0", "--unix"])
         .arg(&sock)
         .args(["--set", "capacity.logical_bytes=1073741824"])
         .arg("--pidfile")
         .arg(&pidfile)
         .env("NOTIFY_SOCKET", &notify_path)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut buf = [0u8; 256];
@@ -1208,18 +1204,11 @@ fn greedy_and_slow_clients_cannot_take_the_servers_memory() {
     const SHARED: u64 = 64 * MIB;
     let dir = temp_dir("cli-greedy");
     let sock = dir.join("sock");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args([
-            "serve",
-            "--no-tcp",
-            "--set",
-            "capacity.logical_bytes=1073741824",
-        ])
+    let mut server = serve_command()
+        .args(["--no-tcp", "--set", "capacity.logical_bytes=1073741824"])
         .arg("--unix")
         .arg(&sock)
         .args(["--max-inflight-bytes", "64M", "--max-connections", "100"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let pid = server.id();
@@ -1303,19 +1292,12 @@ fn connections_are_limited_in_number_and_in_time() {
     use std::time::{Duration, Instant};
     let dir = temp_dir("cli-limits");
     let sock = dir.join("sock");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-        .args([
-            "serve",
-            "--no-tcp",
-            "--set",
-            "capacity.logical_bytes=67108864",
-        ])
+    let mut server = serve_command()
+        .args(["--no-tcp", "--set", "capacity.logical_bytes=67108864"])
         .arg("--unix")
         .arg(&sock)
         .args(["--max-connections", "3", "--handshake-timeout", "3"])
         .args(["--idle-timeout", "2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (good, _) = nbd_connect(&sock);

@@ -34,22 +34,28 @@ fn device_with_codec(latency: Latency, mem_limit_bytes: Option<u64>, codec: Code
             "capacity.logical_bytes=67108864",
         ],
     );
-    Arc::new(
-        Device::new(
-            &c,
-            DeviceOptions {
-                export_name: "ftlab".into(),
-                latency,
-                codec,
-                record: None,
-                record_format: ftlab::server::RecordFormat::Nbdkit,
-                mem_limit_bytes,
-                limits: Default::default(),
-                read_only: false,
-            },
-        )
-        .unwrap(),
-    )
+    let options = DeviceOptions {
+        latency,
+        codec,
+        mem_limit_bytes,
+        ..options()
+    };
+    Arc::new(Device::new(&c, options).unwrap())
+}
+
+/// The options the tests start from: export `ftlab`, no latency emulation, lz4, no record, no
+/// limits beyond the defaults, writable.
+fn options() -> DeviceOptions {
+    DeviceOptions {
+        export_name: "ftlab".into(),
+        latency: Latency::None,
+        codec: Codec::Lz4,
+        record: None,
+        record_format: ftlab::server::RecordFormat::Nbdkit,
+        mem_limit_bytes: None,
+        limits: Default::default(),
+        read_only: false,
+    }
 }
 
 /// Starts serving one end of a socket pair; returns the client's end and the server's result.
@@ -625,22 +631,7 @@ fn the_server_models_the_configured_mapping_table() {
             "ftl.mapping=\"learned\"",
         ],
     );
-    let device = Arc::new(
-        Device::new(
-            &c,
-            DeviceOptions {
-                export_name: "ftlab".into(),
-                latency: Latency::None,
-                codec: Codec::Lz4,
-                record: None,
-                record_format: ftlab::server::RecordFormat::Nbdkit,
-                mem_limit_bytes: None,
-                limits: Default::default(),
-                read_only: false,
-            },
-        )
-        .unwrap(),
-    );
+    let device = Arc::new(Device::new(&c, options()).unwrap());
     let (mut c, _h) = Client::open(&device);
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
     for i in 0..8u64 {
@@ -974,22 +965,11 @@ fn a_read_only_export_refuses_writes_with_eperm() {
             "capacity.logical_bytes=67108864",
         ],
     );
-    let device = Arc::new(
-        Device::new(
-            &c,
-            DeviceOptions {
-                export_name: "ftlab".into(),
-                latency: Latency::None,
-                codec: Codec::Lz4,
-                record: None,
-                record_format: ftlab::server::RecordFormat::Nbdkit,
-                mem_limit_bytes: None,
-                limits: Default::default(),
-                read_only: true,
-            },
-        )
-        .unwrap(),
-    );
+    let read_only = DeviceOptions {
+        read_only: true,
+        ..options()
+    };
+    let device = Arc::new(Device::new(&c, read_only).unwrap());
     let (mut s, _h) = connect(&device);
     greet(&mut s);
     option(&mut s, p::OPT_GO, &go_data("ftlab"));

@@ -4,7 +4,7 @@
 //! finds the nearest buffered offsets that bound the span it keeps. A delta of fewer runs is
 //! scanned instead (`runs_hold`, `runs_clear_around`): its runs fit a cache line, and its 512
 //! bytes of bits were most of what a lightly buffered group cost (the buffer's peak on streams
-//! and sparse traces: docs/mapping-log.md).
+//! and sparse traces: notes/mapping-log.md).
 
 use super::super::runs::Run;
 use super::GROUP_LPNS;

@@ -432,7 +432,7 @@ pub fn encode_runs<'s>(runs: &[GroupRun], s: &'s mut Scratch) -> Option<&'s [u8]
     // another encoding, which its run list bounds (a sequentially written range with many pages
     // rewritten). Trying wherever outliers showed patched a tenth off most of a GC-heavy
     // simulation's words groups at each merge, which its random writes soon undid: 0.02 % of the
-    // table at the end, for 19 % more instructions (docs/mapping-log.md, "Outliers").
+    // table at the end, for 19 % more instructions (notes/mapping-log.md, "Outliers").
     let (runs_saved, pages) = s.outliers;
     let worth_trying = if encoding(&s.out) == Encoding::Words {
         let line_runs = runs.len().saturating_sub(runs_saved);
@@ -565,7 +565,7 @@ pub(super) fn encode_plain(runs: &[GroupRun], s: &mut Scratch) -> Option<()> {
         // only where the three lie on one line, so without three such consecutive points every
         // segment has at most two, at least n / 2 segments for the n (>= 1) points, and the fit
         // cannot pass: random PPNs skip it (it was a seventh of a fresh drive's simulated random
-        // writes, docs/mapping-log.md).
+        // writes, notes/mapping-log.md).
         debug_assert!(!s.ys.is_empty());
         if fit::has_three_on_a_line(&s.ys) && {
             fit::fit_cone(&s.ys, 0, &mut s.trial);
@@ -725,7 +725,7 @@ pub enum Encoding {
 /// A hint that offset `off` of blob `b` will be read soon: its first line, where every lookup
 /// starts, and the lines bitmap words would keep `off`'s word in, without reading the blob to
 /// learn whether it is bitmap words (its first line is itself likely a miss, and a branch on it
-/// held the caller: docs/mapping-log.md, "Prefetches that do not read the blob").
+/// held the caller: notes/mapping-log.md, "Prefetches that do not read the blob").
 #[inline]
 pub fn prefetch(b: &[u8], off: u32) {
     super::super::prefetch_line(b.as_ptr());

@@ -23,10 +23,10 @@ pub(super) const MIN_BUFFER_GROUPS: u64 = 64;
 /// writes to a fresh drive (768 groups, soon of a hundred or more random PPNs each, against a
 /// bound of 64 groups and more) merged a group of one or two LPNs at about every third write,
 /// 0.2 M simulated writes a wall second; sparse devices, whose groups hold a few LPNs each, keep
-/// the bound as it was (docs/mapping-log.md, "Random writes to a fresh drive"). 512 until run lists
+/// the bound as it was (notes/mapping-log.md, "Random writes to a fresh drive"). 512 until run lists
 /// were packed, which made such groups' blobs about a third smaller, then 384 until their offsets
 /// took Elias-Fano lists, a quarter smaller again: 288 keeps about the same groups out of the
-/// bound (docs/mapping-log.md, "Packed run lists" and "Elias-Fano offsets").
+/// bound (notes/mapping-log.md, "Packed run lists" and "Elias-Fano offsets").
 pub(super) const UNBOUNDED_BLOB_BYTES: usize = 288;
 
 /// Working memory of merges, allocated per round of merges (not part of the table at rest).

@@ -665,7 +665,7 @@ impl LearnedMapping {
     /// Buffers `lpn -> value` if it continues the last buffered write (`Tail`), which it
     /// lengthens by one without reading it; false, changing nothing, otherwise. (Reading the run
     /// back to check it, as `extend_cursor` does, cost streams of updates a quarter more
-    /// instructions: docs/mapping-log.md.) For the slow paths, which have flushed the tail and check
+    /// instructions: notes/mapping-log.md.) For the slow paths, which have flushed the tail and check
     /// the bound themselves; `set` and `remove` use `defer_tail`.
     #[inline(always)]
     fn extend_tail(&mut self, lpn: u32, value: u32) -> bool {
@@ -1084,7 +1084,7 @@ impl MappingTable for LearnedMapping {
         // the LPN before it is the tail's last, which a span (one run, of the buffer or of the
         // blob between buffered LPNs) holds only as its own last. So only that LPN is tried: no
         // offset into the span, and 1-6 % fewer instructions for the nbdkit traces' updates
-        // (docs/mapping-log.md, "The update fast path tried at the span's first LPN only").
+        // (notes/mapping-log.md, "The update fast path tried at the span's first LPN only").
         let span = self.span.get();
         debug_assert!(
             lpn == span.lo
@@ -1182,11 +1182,11 @@ impl MappingTable for LearnedMapping {
         // The blob's lines that can be found without reading a missed line (its first line, and
         // in bitmap words the offset's word: `group::prefetch` does not read the blob). The
         // directory entry is read, not prefetched: at most 6 bytes per group, a few KiB on the
-        // simulator's devices, though not always still cached (docs/mapping-log.md, "Prefetches
+        // simulator's devices, though not always still cached (notes/mapping-log.md, "Prefetches
         // that do not read the blob").
         // Prefetching the buffered runs' first search positions too gained nothing measurable
         // in `ftlab sim --set ftl.mapping=learned`, for GC moves or host requests (the probe to
-        // find them waits on memory itself: docs/mapping-log.md).
+        // find them waits on memory itself: notes/mapping-log.md).
         if let Some(blob) = self.groups.blob(lpn >> GROUP_SHIFT) {
             group::prefetch(blob, lpn & OFFSET_MASK);
         }

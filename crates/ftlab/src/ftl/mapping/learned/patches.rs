@@ -371,7 +371,7 @@ mod tests {
         // page written elsewhere in the middle (an outlier: the run resumes after it). Bitmap
         // words store a run in its residual's bits, about what listing the page would cost, so
         // no second encoding is tried (trying it cost a GC-heavy simulation 19 % more
-        // instructions for a table 0.02 % smaller at the end: docs/mapping-log.md).
+        // instructions for a table 0.02 % smaller at the end: notes/mapping-log.md).
         let mut rng = SplitMix64::new(5);
         let mut dense = vec![UNMAPPED; GROUP_LPNS];
         let mut off = 0;

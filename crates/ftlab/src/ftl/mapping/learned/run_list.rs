@@ -261,7 +261,7 @@ const ELIAS_FANO_FLAG: u64 = 0x80;
 /// up to four words, where a u16 list takes a halving search and a segment blob two. With every
 /// short list in this form, most of rocksdb's groups left their segment blobs for it, and its
 /// random lookups took 1.4x as long (`examples/mapprof`). Scattered single pages save about a
-/// fifth, groups of a few long runs a few bytes (docs/mapping-log.md, "Elias-Fano offsets").
+/// fifth, groups of a few long runs a few bytes (notes/mapping-log.md, "Elias-Fano offsets").
 pub(super) const ELIAS_FANO_MIN_SAVING: (usize, usize) = (1, 8);
 
 /// Bytes of a run list of `n` runs at these widths with u16 offsets, and with Elias-Fano offsets
