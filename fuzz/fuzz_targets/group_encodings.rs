@@ -5,6 +5,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let (dense, updates) = ftlab::ftl::mapping::oracle::group_from_bytes(data);
-    ftlab::ftl::mapping::learned::group::check_encodings(&dense, &updates);
+    let (dense, updates) = ftlab_learned::oracle::group_from_bytes(data);
+    ftlab_learned::group::check_encodings(&dense, &updates);
 });

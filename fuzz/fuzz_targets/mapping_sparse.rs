@@ -6,5 +6,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    ftlab::ftl::mapping::oracle::SparseDevice::check_bytes(data);
+    ftlab_learned::oracle::SparseDevice::check_bytes(data);
 });

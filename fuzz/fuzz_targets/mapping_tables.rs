@@ -6,8 +6,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     // Two whole groups and a partial third: group boundaries are always near.
-    let lpns = 2 * ftlab::ftl::mapping::learned::GROUP_LPNS as u32 + 77;
-    let ops = ftlab::ftl::mapping::oracle::ops_from_bytes(data, lpns);
-    let divisor = ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR;
-    ftlab::ftl::mapping::oracle::check_all(&ops, lpns, 32, divisor);
+    let lpns = 2 * ftlab_learned::GROUP_LPNS as u32 + 77;
+    let ops = ftlab_learned::oracle::ops_from_bytes(data, lpns);
+    let divisor = ftlab_learned::BUFFER_LIVE_DIVISOR;
+    ftlab_learned::oracle::check_all(&ops, lpns, 32, divisor);
 });

@@ -3,21 +3,21 @@
 //! catches a panic while a request executes (the device then fails, rather than hang its
 //! client), but libfuzzer-sys's panic hook aborts first, so such a panic is still reported.
 #![no_main]
-use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
-use ftlab::store::codec::Codec;
+use ftlab_server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab_store::codec::Codec;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
 fn device() -> &'static Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     DEVICE.get_or_init(|| {
-        let mut b = ftlab::ConfigBuilder::from_preset("femu").unwrap();
+        let mut b = ftlab_core::ConfigBuilder::from_preset("femu").unwrap();
         for s in ["flash.blocks_per_die=4", "flash.superblock_dies=1", "capacity.logical_bytes=67108864"] {
             b.set(s).unwrap();
         }
         Device::new(
             &b.build().unwrap(),
-            DeviceOptions { export_name: "ftlab".into(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab::server::RecordFormat::Nbdkit, mem_limit_bytes: None, limits: Default::default(), read_only: false },
+            DeviceOptions { export_name: "ftlab".into(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_server::RecordFormat::Nbdkit, mem_limit_bytes: None, limits: Default::default(), read_only: false },
         )
         .unwrap()
     })

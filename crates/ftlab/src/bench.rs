@@ -2,8 +2,8 @@
 //! same run. Fixed seeds; the machine is named in the output.
 
 use anyhow::{Context, Result};
-use ftlab::config::ConfigBuilder;
-use ftlab::rng::SplitMix64;
+use ftlab_core::config::ConfigBuilder;
+use ftlab_core::rng::SplitMix64;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -92,7 +92,7 @@ fn steady(logical_gib: u64) -> Result<()> {
         b.set(&s)?;
     }
     let config = b.build()?;
-    let report = ftlab::sim::run(&config, &mut |_| {})?;
+    let report = ftlab_sim::sim::run(&config, &mut |_| {})?;
     let sim_rate = report.host_write_pages as f64 / report.wall_seconds;
     let logical_pages = report.device.logical_bytes / 4096;
     let base = baseline_random_map_updates(logical_pages, report.host_write_pages);
@@ -100,7 +100,7 @@ fn steady(logical_gib: u64) -> Result<()> {
         "| steady-state uniform 4 KiB, {} GiB, rho 0.28 | {:.2} M pages/s | WAF {} | baseline (random flat-table store only) {:.2} M/s | ratio {:.3} |",
         logical_gib,
         sim_rate / 1e6,
-        ftlab::report::waf_text(report.waf),
+        ftlab_sim::report::waf_text(report.waf),
         base / 1e6,
         sim_rate / base
     );
@@ -147,7 +147,7 @@ fn replay(args: &BenchArgs) -> Result<()> {
     }
     let config = b.build()?;
     let start = Instant::now();
-    let report = ftlab::sim::run(&config, &mut |_| {})?;
+    let report = ftlab_sim::sim::run(&config, &mut |_| {})?;
     let secs = start.elapsed().as_secs_f64();
     let requests = report.trace.as_ref().map_or(0, |t| t.requests);
     // Baseline: reading and splitting the same file into lines, no parsing or simulation.
@@ -160,7 +160,7 @@ fn replay(args: &BenchArgs) -> Result<()> {
     let read_secs = start.elapsed().as_secs_f64();
     println!(
         "| DiskSim replay, {} requests (fill 3.8 GiB + 3.1 M random 4 KiB), spare 7 % | {:.3} s end to end | WAF {} | baseline (read + split {} lines) {:.3} s | ratio {:.1} |",
-        requests, secs, ftlab::report::waf_text(report.waf), lines, read_secs, secs / read_secs
+        requests, secs, ftlab_sim::report::waf_text(report.waf), lines, read_secs, secs / read_secs
     );
     Ok(())
 }

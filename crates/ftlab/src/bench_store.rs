@@ -3,9 +3,9 @@
 //! machine has /sys/block/zram0 and we may configure it).
 
 use anyhow::{Context, Result};
-use ftlab::rng::SplitMix64;
-use ftlab::store::codec::Codec;
-use ftlab::store::{same_fill, PageStore, StoreConfig};
+use ftlab_core::rng::SplitMix64;
+use ftlab_store::codec::Codec;
+use ftlab_store::{same_fill, PageStore, StoreConfig};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

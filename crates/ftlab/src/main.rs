@@ -3,8 +3,8 @@
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use ftlab::config::{ConfigBuilder, DEFAULT_PRESET, PRESETS};
-use ftlab::sim::{self, Progress};
+use ftlab_core::config::{ConfigBuilder, DEFAULT_PRESET, PRESETS};
+use ftlab_sim::sim::{self, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -141,7 +141,11 @@ fn parse_seed(text: &str) -> Result<u64, String> {
 
 /// Preset, then `defaults` (what a command implies), then files, then --set, then `extra` (the
 /// command's own flags).
-fn build_config(args: &ConfigArgs, defaults: &[String], extra: &[String]) -> Result<ftlab::Config> {
+fn build_config(
+    args: &ConfigArgs,
+    defaults: &[String],
+    extra: &[String],
+) -> Result<ftlab_core::Config> {
     Ok(config_layers(args, defaults, extra)?.build()?)
 }
 
@@ -303,7 +307,7 @@ fn main() {
             Ok(())
         }
         Command::Config(args) => build_config(&args, &[], &[]).and_then(|c| {
-            let estimate = ftlab::memory::MemoryEstimate::of(&c, &c.geometry()?);
+            let estimate = ftlab_core::memory::MemoryEstimate::of(&c, &c.geometry()?);
             print!("{}", c.to_toml());
             // Comments, so that the output stays a config file to start from.
             println!(
@@ -314,14 +318,14 @@ fn main() {
                 println!(
                     "#   {:<20} {:>10}  {}",
                     part.name,
-                    ftlab::report::binary_size(part.bytes),
+                    ftlab_sim::report::binary_size(part.bytes),
                     part.basis
                 );
             }
             println!(
                 "#   {:<20} {:>10}",
                 "total",
-                ftlab::report::binary_size(estimate.total_bytes)
+                ftlab_sim::report::binary_size(estimate.total_bytes)
             );
             Ok(())
         }),

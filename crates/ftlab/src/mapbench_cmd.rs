@@ -1,10 +1,10 @@
-//! `ftlab mapbench`: the command line over `ftlab::mapbench`.
+//! `ftlab mapbench`: the command line over `ftlab_mapbench`.
 
 use anyhow::{Context, Result};
-use ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR;
-use ftlab::mapbench::{self, DriveSetup, OpsOptions, PpnSource, SIM_SPARE_FACTOR, TABLE_NAMES};
-use ftlab::report::binary_size;
-use ftlab::trace::TraceFormat;
+use ftlab_learned::BUFFER_LIVE_DIVISOR;
+use ftlab_mapbench::{DriveSetup, OpsOptions, PpnSource, SIM_SPARE_FACTOR, TABLE_NAMES};
+use ftlab_sim::report::binary_size;
+use ftlab_sim::trace::TraceFormat;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -133,7 +133,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
     );
     // Before any trace is read (`ops_from_trace_with` refuses them too, after reading).
     for setting in &args.sim_set {
-        if let Some(why) = mapbench::refused_setting(setting) {
+        if let Some(why) = ftlab_mapbench::refused_setting(setting) {
             anyhow::bail!("--sim-set {why}");
         }
     }
@@ -155,7 +155,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
             // On stderr, and only on a terminal, after the first second.
             let mut view = crate::ProgressView::new(true);
             // Its errors name the trace (and the line) themselves.
-            let ops = mapbench::ops_from_trace_with(
+            let ops = ftlab_mapbench::ops_from_trace_with(
                 path,
                 format,
                 args.device_bytes,
@@ -163,7 +163,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
                 &options,
                 &mut |p| view.update(p),
             )?;
-            let result = mapbench::run(
+            let result = ftlab_mapbench::run(
                 &path.display().to_string(),
                 source,
                 &ops,
@@ -173,7 +173,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
                 &mut |p| view.update(p),
             );
             view.finish();
-            println!("{}", mapbench::markdown(&result));
+            println!("{}", ftlab_mapbench::markdown(&result));
             all.push(result);
         }
     }
@@ -199,7 +199,7 @@ fn run_tiled(
         "--tile-to takes one trace and log-head PPNs, without --precondition"
     );
     let path = &args.traces[0];
-    let ops = mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)?;
+    let ops = ftlab_mapbench::ops_from_trace(path, format, args.device_bytes, PpnSource::LogHead)?;
     let tiles = bytes / 4096 / ops.logical_pages;
     anyhow::ensure!(
         tiles >= 1,
@@ -208,8 +208,8 @@ fn run_tiled(
         path.display()
     );
     let mut view = crate::ProgressView::new(true);
-    let result = mapbench::run_tiled(&ops, tiles, args.learned_buffer_divisor, |done| {
-        view.update(ftlab::sim::Progress {
+    let result = ftlab_mapbench::run_tiled(&ops, tiles, args.learned_buffer_divisor, |done| {
+        view.update(ftlab_sim::sim::Progress {
             phase: "tiling",
             done,
             total: Some(tiles),

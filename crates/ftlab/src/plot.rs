@@ -1,7 +1,7 @@
 //! `ftlab plot REPORT.json`: WAF over time and the latency CDF, as PNG and SVG.
 
 use anyhow::{anyhow, Context, Result};
-use ftlab::Report;
+use ftlab_sim::Report;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -57,7 +57,7 @@ fn time_unit(end_ns: u64) -> (f64, &'static str) {
 /// moved a superblock while the host wrote a page): scaled to it, the cumulative curve, the one
 /// that matters, lies flat on the floor. So the axis covers the cumulative curve (twice its
 /// highest) and 95 % of the intervals; those above are drawn clipped at the top, and counted.
-fn waf_axis(rows: &[ftlab::report::SeriesRow]) -> (f64, usize) {
+fn waf_axis(rows: &[ftlab_sim::report::SeriesRow]) -> (f64, usize) {
     let mut per_interval: Vec<f64> = rows
         .iter()
         .filter(|x| x.host_write_pages > 0)
@@ -118,7 +118,10 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
     let (waf_max, above) = waf_axis(rows);
     let mut chart = ChartBuilder::on(&top)
         .caption(
-            format!("WAF over time (overall {})", ftlab::report::waf_text(r.waf)),
+            format!(
+                "WAF over time (overall {})",
+                ftlab_sim::report::waf_text(r.waf)
+            ),
             ("sans-serif", 24),
         )
         .margin(12)
@@ -226,7 +229,7 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
 }
 
 /// A latency at or below this took no simulated time.
-const ZERO_NS: u64 = ftlab::report::ZERO_LATENCY_NS;
+const ZERO_NS: u64 = ftlab_sim::report::ZERO_LATENCY_NS;
 
 fn draw_latency<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
@@ -319,7 +322,7 @@ pub fn run(report: &Path, out: Option<&Path>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ftlab::report::SeriesRow;
+    use ftlab_sim::report::SeriesRow;
 
     fn row(end_ns: u64, waf: f64, waf_cumulative: f64) -> SeriesRow {
         SeriesRow {

@@ -2,10 +2,10 @@
 //! SIGTERM or SIGHUP.
 
 use anyhow::{Context, Result};
-use ftlab::server::{
+use ftlab_server::{
     serve_connection, ConnectionLimits, Device, DeviceOptions, Latency, RecordFormat,
 };
-use ftlab::store::codec::Codec;
+use ftlab_store::codec::Codec;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -130,7 +130,7 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn write_stats(device: &Device, path: &std::path::Path) -> Result<()> {
-    let tmp = ftlab::server::tmp_path_beside(path);
+    let tmp = ftlab_server::tmp_path_beside(path);
     std::fs::write(
         &tmp,
         serde_json::to_string_pretty(&device.stats_json())? + "\n",
@@ -287,7 +287,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let device = device.clone();
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let mut schedule = ftlab::server::dictionary::DictionarySchedule::default();
+            let mut schedule = ftlab_server::dictionary::DictionarySchedule::default();
             while !stop.load(Ordering::SeqCst) {
                 if let Some(line) = device.train_dictionary_if_due(&mut schedule) {
                     eprintln!("ftlab serve: {line}");
@@ -390,7 +390,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         f.host_write_pages,
         f.nand_write_pages(),
         f.gc_write_pages,
-        ftlab::report::waf_text(f.waf())
+        ftlab_sim::report::waf_text(f.waf())
     );
     if !seen.is_empty() {
         println!(
@@ -466,7 +466,7 @@ impl Connection {
 }
 
 /// What `serve` needs of a TCP or Unix socket.
-trait Socket: ftlab::server::Incoming + std::io::Write + Send + Sized + 'static {
+trait Socket: ftlab_server::Incoming + std::io::Write + Send + Sized + 'static {
     fn try_clone_socket(&self) -> std::io::Result<Self>;
     /// Blocking (the listeners poll; a client's socket waits), a send timeout (`REPLY_STALL`: a
     /// client that reads no reply for that long is disconnected), and for TCP no Nagle delay.
@@ -480,7 +480,7 @@ impl Socket for std::net::TcpStream {
     }
     fn configure(&self) -> std::io::Result<()> {
         let _ = self.set_nodelay(true);
-        self.set_write_timeout(Some(ftlab::server::REPLY_STALL))?;
+        self.set_write_timeout(Some(ftlab_server::REPLY_STALL))?;
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {
@@ -493,7 +493,7 @@ impl Socket for std::os::unix::net::UnixStream {
         self.try_clone()
     }
     fn configure(&self) -> std::io::Result<()> {
-        self.set_write_timeout(Some(ftlab::server::REPLY_STALL))?;
+        self.set_write_timeout(Some(ftlab_server::REPLY_STALL))?;
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {
@@ -629,7 +629,7 @@ fn write_pidfile(path: &Path) -> Result<()> {
             );
         }
     }
-    let tmp = ftlab::server::tmp_path_beside(path);
+    let tmp = ftlab_server::tmp_path_beside(path);
     std::fs::write(&tmp, format!("{}\n", std::process::id()))
         .with_context(|| format!("--pidfile: writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("--pidfile {}", path.display()))

@@ -1,9 +1,9 @@
 //! `mem_used_total` against the heap as the process's allocator sees it: a counting global
 //! allocator (hence a test binary of its own) measures what the store really holds.
 
-use ftlab::rng::SplitMix64;
-use ftlab::store::codec::Codec;
-use ftlab::store::{PageStore, StoreConfig};
+use ftlab_core::rng::SplitMix64;
+use ftlab_store::codec::Codec;
+use ftlab_store::{PageStore, StoreConfig};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 

@@ -1,4 +1,4 @@
-use ftlab::config::{Config, ConfigBuilder};
+use ftlab_core::config::{Config, ConfigBuilder};
 
 fn err(preset: &str, sets: &[&str]) -> String {
     let mut b = match ConfigBuilder::from_preset(preset) {

@@ -1,5 +1,5 @@
 use crate::support::{config, run, trace};
-use ftlab::ftl::mapping::learned::GROUP_LPNS;
+use ftlab_learned::GROUP_LPNS;
 
 #[test]
 fn same_config_and_seed_give_byte_identical_reports() {
@@ -38,7 +38,7 @@ fn trace_replay_is_deterministic() {
 }
 
 /// The report without what a mapping table may change: its own section and its settings.
-fn without_mapping(r: &ftlab::Report) -> serde_json::Value {
+fn without_mapping(r: &ftlab_sim::Report) -> serde_json::Value {
     let mut v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
     v.as_object_mut().unwrap().remove("mapping");
     // The time series' table size too, which differs by table as `mapping.bytes` does.
@@ -54,7 +54,10 @@ fn without_mapping(r: &ftlab::Report) -> serde_json::Value {
 /// Runs `sets` with the flat array and then with each `(table, buffer divisor)`: every report
 /// must be the flat one's apart from the mapping section. Returns the flat run's report and each
 /// table's (in `tables`' order).
-fn assert_lossless(sets: &[&str], tables: &[(&str, u32)]) -> (ftlab::Report, Vec<ftlab::Report>) {
+fn assert_lossless(
+    sets: &[&str],
+    tables: &[(&str, u32)],
+) -> (ftlab_sim::Report, Vec<ftlab_sim::Report>) {
     let flat = run(&config("femu", sets));
     let flat_stripped = without_mapping(&flat);
     let mut reports = Vec::new();

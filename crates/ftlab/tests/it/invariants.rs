@@ -2,10 +2,10 @@
 //! every operation the FTL's invariants hold, and which LPNs hold data matches a HashMap oracle.
 
 use crate::support::cases;
-use ftlab::config::ConfigBuilder;
-use ftlab::ftl::mapping::FlatMapping;
-use ftlab::ftl::Ftl;
-use ftlab::request::{Op, Request};
+use ftlab_core::config::ConfigBuilder;
+use ftlab_core::ftl::mapping::FlatMapping;
+use ftlab_core::ftl::Ftl;
+use ftlab_core::request::{Op, Request};
 use proptest::prelude::*;
 use std::collections::HashSet;
 
@@ -182,7 +182,7 @@ proptest! {
             b.set(&s).unwrap();
         }
         let Ok(config) = b.build() else { return Ok(()) };
-        let r = ftlab::sim::run(&config, &mut |_| {}).expect("a valid config runs");
+        let r = ftlab_sim::sim::run(&config, &mut |_| {}).expect("a valid config runs");
         prop_assert_eq!(r.nand_write_pages, r.host_program_pages + r.gc_write_pages);
         prop_assert!(r.host_program_pages <= r.host_write_pages);
         prop_assert_eq!(r.requests.read + r.requests.write, 3000);

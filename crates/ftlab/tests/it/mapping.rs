@@ -4,8 +4,9 @@
 //! LPN the buffer does not hold is read back from the compressed layer itself.
 
 use crate::support::cases;
-use ftlab::ftl::mapping::learned::{BUFFER_LIVE_DIVISOR, GROUP_LPNS};
-use ftlab::ftl::mapping::{oracle, LearnedMapping, MappingTable};
+use ftlab_core::ftl::mapping::MappingTable;
+use ftlab_learned::{oracle, LearnedMapping};
+use ftlab_learned::{BUFFER_LIVE_DIVISOR, GROUP_LPNS};
 use proptest::prelude::*;
 
 /// Three whole groups and a partial one: every boundary is exercised.
@@ -138,7 +139,7 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
                 for l in lpn..end {
                     write(l, &mut ops);
                 }
-                let mut rng = ftlab::rng::SplitMix64::new(seed);
+                let mut rng = ftlab_core::rng::SplitMix64::new(seed);
                 for _ in 0..overwrites {
                     let l = lpn + rng.bounded(u64::from(end - lpn)) as u32;
                     for l in l..(l + 1 + rng.bounded(2) as u32).min(end) {
@@ -147,7 +148,7 @@ fn expand(patterns: &[Pattern]) -> Vec<(u32, Option<u32>)> {
                 }
             }
             Pattern::Recycled { lpn, count, seed } => {
-                let mut rng = ftlab::rng::SplitMix64::new(seed);
+                let mut rng = ftlab_core::rng::SplitMix64::new(seed);
                 for l in lpn..(lpn + count).min(LPNS) {
                     ops.push((l, Some(rng.bounded(RECYCLED_PPNS) as u32)));
                 }
@@ -165,11 +166,11 @@ fn real_updates() -> &'static [Vec<(u32, u32)>] {
             .iter()
             .map(|name| {
                 let path = crate::support::trace(name);
-                ftlab::mapbench::ops_from_trace(
+                ftlab_mapbench::ops_from_trace(
                     &path,
                     None,
                     None,
-                    ftlab::mapbench::PpnSource::LogHead,
+                    ftlab_mapbench::PpnSource::LogHead,
                 )
                 .expect("trace reads")
                 .updates
@@ -190,7 +191,7 @@ proptest! {
         let window = &updates[start..(start + len).min(updates.len())];
         let ops: Vec<(u32, Option<u32>)> = window
             .iter()
-            .map(|&(lpn, v)| (lpn % LPNS, (v != ftlab::mapbench::REMOVE).then_some(v)))
+            .map(|&(lpn, v)| (lpn % LPNS, (v != ftlab_mapbench::REMOVE).then_some(v)))
             .collect();
         oracle::check_all(&ops, LPNS, 64, 1 << divisor_log2);
     }
@@ -217,7 +218,7 @@ proptest! {
     #[test]
     fn fuzz_decoded_groups_read_back_in_every_encoding(data in prop::collection::vec(any::<u8>(), 0..700)) {
         let (dense, updates) = oracle::group_from_bytes(&data);
-        ftlab::ftl::mapping::learned::group::check_encodings(&dense, &updates);
+        ftlab_learned::group::check_encodings(&dense, &updates);
     }
 }
 
@@ -263,7 +264,7 @@ fn random_writes(
     ppn: impl Fn(u32) -> u32,
 ) -> (u32, Vec<(u32, Option<u32>)>) {
     let lpns = groups * GROUP_LPNS as u32;
-    let mut rng = ftlab::rng::SplitMix64::new(seed);
+    let mut rng = ftlab_core::rng::SplitMix64::new(seed);
     let ops = (0..count)
         .map(|i| (rng.bounded(u64::from(lpns)) as u32, Some(ppn(i))))
         .collect();
@@ -302,7 +303,7 @@ fn scattered_writes_bound_the_groups_buffered() {
 #[test]
 fn random_overwrites_of_reused_ppns_go_in_place_and_read_back() {
     const N: u32 = 1 << 16;
-    let mut rng = ftlab::rng::SplitMix64::new(7);
+    let mut rng = ftlab_core::rng::SplitMix64::new(7);
     let mut ops: Vec<(u32, Option<u32>)> = (0..N)
         .map(|lpn| (lpn, Some(rng.bounded(1 << 18) as u32)))
         .collect();
@@ -350,7 +351,7 @@ fn gc_moves_of_old_pages_skip_the_buffer_search_and_read_back() {
 #[test]
 fn a_whole_run_rewritten_goes_into_its_blob_in_place() {
     // One group: runs of three pages with a hole after each, PPNs scattered (bitmap words).
-    let mut rng = ftlab::rng::SplitMix64::new(5);
+    let mut rng = ftlab_core::rng::SplitMix64::new(5);
     let mut t = LearnedMapping::new(GROUP_LPNS as u64);
     let mut oracle = std::collections::HashMap::new();
     let mut set = |t: &mut LearnedMapping, lpn: u32, ppn: u32| {
@@ -481,7 +482,7 @@ fn the_cursor_counts_the_gets_it_did_not_answer() {
 /// the extent map on pgbench; every table reads every mapping back.
 #[test]
 fn learned_is_smaller_than_extent_on_every_real_trace() {
-    use ftlab::mapbench::{ops_from_trace, PpnSource};
+    use ftlab_mapbench::{ops_from_trace, PpnSource};
     let traces = [
         "rocksdb.nbdlog.gz",
         "pgbench.nbdlog.gz",
@@ -496,10 +497,10 @@ fn learned_is_smaller_than_extent_on_every_real_trace() {
         let ops = ops_from_trace(&crate::support::trace(name), None, None, PpnSource::LogHead)
             .expect("trace reads");
         let oracle = ops.oracle();
-        let mut extent = ftlab::ftl::mapping::ExtentMapping::new();
+        let mut extent = ftlab_core::ftl::mapping::ExtentMapping::new();
         let mut learned = LearnedMapping::new(ops.logical_pages);
         for &(lpn, v) in &ops.updates {
-            if v == ftlab::mapbench::REMOVE {
+            if v == ftlab_mapbench::REMOVE {
                 extent.remove(lpn);
                 learned.remove(lpn);
             } else {
@@ -510,7 +511,7 @@ fn learned_is_smaller_than_extent_on_every_real_trace() {
         extent.compact();
         learned.compact();
         for (lpn, &v) in oracle.iter().enumerate() {
-            let want = (v != ftlab::mapbench::REMOVE).then_some(v);
+            let want = (v != ftlab_mapbench::REMOVE).then_some(v);
             assert_eq!(learned.get(lpn as u32), want, "{name} lpn {lpn}");
         }
         let live = learned.live_mappings() as f64;
@@ -545,7 +546,7 @@ fn learned_is_smaller_than_extent_on_every_real_trace() {
 /// head's, and every table still reads the final mapping back.
 #[test]
 fn simulator_ppns_carry_the_gc_relocations() {
-    use ftlab::mapbench::{ops_from_trace, PpnSource, REMOVE};
+    use ftlab_mapbench::{ops_from_trace, PpnSource, REMOVE};
     let dir = crate::support::temp_dir("mapbench-gc");
     let path = dir.path().join("random.csv");
     const DEVICE: u64 = 1 << 30;
@@ -575,14 +576,14 @@ fn simulator_ppns_carry_the_gc_relocations() {
 
 /// `ftlab mapbench`'s run of the extent and learned tables over the simulator's `ops`, each
 /// table checked to read every mapping back.
-fn extent_and_learned_read_back(ops: &ftlab::mapbench::MapOps) -> ftlab::mapbench::MapBench {
-    let result = ftlab::mapbench::run(
+fn extent_and_learned_read_back(ops: &ftlab_mapbench::MapOps) -> ftlab_mapbench::MapBench {
+    let result = ftlab_mapbench::run(
         "random.csv",
-        ftlab::mapbench::PpnSource::Simulator,
+        ftlab_mapbench::PpnSource::Simulator,
         ops,
         &["extent".to_string(), "learned".to_string()],
         1,
-        ftlab::ftl::mapping::learned::BUFFER_LIVE_DIVISOR,
+        ftlab_learned::BUFFER_LIVE_DIVISOR,
         &mut |_| {},
     );
     for t in &result.tables {
@@ -600,7 +601,7 @@ fn random_writes_trace(
     requests: u64,
     seed: u64,
 ) -> u64 {
-    let mut rng = ftlab::rng::SplitMix64::new(seed);
+    let mut rng = ftlab_core::rng::SplitMix64::new(seed);
     let mut text = String::from("Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n");
     for i in 0..requests {
         let offset = rng.bounded(device_bytes / chunk_bytes) * chunk_bytes;
@@ -619,7 +620,7 @@ fn random_writes_trace(
 /// and the trace's PPNs follow on; every table reads the final mapping back.
 #[test]
 fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
-    use ftlab::mapbench::{ops_from_trace_with, OpsOptions, PpnSource, REMOVE};
+    use ftlab_mapbench::{ops_from_trace_with, OpsOptions, PpnSource, REMOVE};
     let dir = crate::support::temp_dir("mapbench-fill");
     let path = dir.path().join("random.csv");
     const DEVICE: u64 = 1 << 30;
@@ -691,7 +692,7 @@ fn a_fill_makes_the_gc_move_pages_for_a_short_trace() {
 /// mapbench sets itself are refused.
 #[test]
 fn the_simulated_drive_is_the_callers() {
-    use ftlab::mapbench::{ops_from_trace_with, DriveSetup, OpsOptions, PpnSource};
+    use ftlab_mapbench::{ops_from_trace_with, DriveSetup, OpsOptions, PpnSource};
     let dir = crate::support::temp_dir("mapbench-drive");
     let path = dir.path().join("random.csv");
     const DEVICE: u64 = 1 << 30;
@@ -780,10 +781,10 @@ fn the_simulated_drive_is_the_callers() {
 /// also check the learned and extent tables' O(1) byte counts against full sums on every call.
 #[test]
 fn the_peak_bytes_bound_every_size_the_table_went_through() {
-    use ftlab::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping};
+    use ftlab_core::ftl::mapping::{ExtentMapping, FlatMapping, HashMapping};
     // Streams, random pages, and trims of whole stretches (which empty groups and extent
     // chunks), with PPNs from a log head.
-    let mut rng = ftlab::rng::SplitMix64::new(21);
+    let mut rng = ftlab_core::rng::SplitMix64::new(21);
     let (mut ops, mut head) = (Vec::new(), 0u32);
     for step in 0..20_000u32 {
         let lpn = rng.bounded(u64::from(LPNS)) as u32;

@@ -3,10 +3,10 @@
 //! qemu-io against the real binary.
 
 use crate::support::{config, temp_dir};
-use ftlab::rng::SplitMix64;
-use ftlab::server::protocol as p;
-use ftlab::server::{serve_connection, Device, DeviceOptions, Latency};
-use ftlab::store::codec::Codec;
+use ftlab_core::rng::SplitMix64;
+use ftlab_server::protocol as p;
+use ftlab_server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab_store::codec::Codec;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ fn options() -> DeviceOptions {
         latency: Latency::None,
         codec: Codec::Lz4,
         record: None,
-        record_format: ftlab::server::RecordFormat::Nbdkit,
+        record_format: ftlab_server::RecordFormat::Nbdkit,
         mem_limit_bytes: None,
         limits: Default::default(),
         read_only: false,
@@ -650,7 +650,7 @@ fn the_server_models_the_configured_mapping_table() {
 
 #[test]
 fn a_zstd_dict_device_trains_its_dictionary_by_itself_once_enough_is_stored() {
-    use ftlab::server::dictionary::{DictionarySchedule, FIRST_TRAINING_PAGES};
+    use ftlab_server::dictionary::{DictionarySchedule, FIRST_TRAINING_PAGES};
     let level = 3;
     let device = device_with_codec(Latency::None, None, Codec::ZstdDict { level });
     let (mut c, _h) = Client::open(&device);

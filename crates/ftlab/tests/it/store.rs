@@ -2,9 +2,9 @@
 //! compaction, dictionary retraining and concurrent writers.
 
 use crate::support::cases;
-use ftlab::rng::SplitMix64;
-use ftlab::store::codec::Codec;
-use ftlab::store::{PageStore, StoreConfig, StoreError};
+use ftlab_core::rng::SplitMix64;
+use ftlab_store::codec::Codec;
+use ftlab_store::{PageStore, StoreConfig, StoreError};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-use ftlab::config::{Config, ConfigBuilder};
+use ftlab_core::config::{Config, ConfigBuilder};
 use std::path::{Path, PathBuf};
 
 /// A property test's case count: `default`, or `PROPTEST_CASES` for a long local run (CI uses
@@ -18,8 +18,8 @@ pub fn config(preset: &str, sets: &[&str]) -> Config {
     b.build().expect("valid config")
 }
 
-pub fn run(config: &Config) -> ftlab::Report {
-    ftlab::sim::run(config, &mut |_| {}).expect("simulation runs")
+pub fn run(config: &Config) -> ftlab_sim::Report {
+    ftlab_sim::sim::run(config, &mut |_| {}).expect("simulation runs")
 }
 
 /// `../shared` beside the project root.

@@ -2,9 +2,9 @@
 //! rejected with file, line and field.
 
 use crate::support::{config, run, temp_dir, trace};
-use ftlab::request::{Op, Request};
-use ftlab::rng::SplitMix64;
-use ftlab::trace::{TraceFormat, TraceReader};
+use ftlab_core::request::{Op, Request};
+use ftlab_core::rng::SplitMix64;
+use ftlab_sim::trace::{TraceFormat, TraceReader};
 use std::io::Read;
 use std::path::Path;
 
@@ -193,7 +193,7 @@ fn the_pgbench_trace_gives_one_waf_in_every_format() {
     }
     // `ftlab mapbench` takes the same update and lookup streams from every form.
     let ops = |path: &Path| {
-        ftlab::mapbench::ops_from_trace(path, None, None, ftlab::mapbench::PpnSource::LogHead)
+        ftlab_mapbench::ops_from_trace(path, None, None, ftlab_mapbench::PpnSource::LogHead)
             .expect("the trace reads")
     };
     let want = ops(&nbd_path);
@@ -292,7 +292,7 @@ fn broken_lines_are_rejected_with_file_line_and_field() {
 
 #[test]
 fn garbage_never_panics_any_parser() {
-    use ftlab::trace::{parse_line, ParserState};
+    use ftlab_sim::trace::{parse_line, ParserState};
     let mut rng = SplitMix64::new(1);
     let alphabet = b"0123456789abcdefx,. =+-:QWRDF\tconnectiRadWrtTimZzfiov\n";
     for _ in 0..20_000 {
@@ -330,7 +330,7 @@ fn garbage_never_panics_any_parser() {
             text.push('\n');
         }
         for format in TraceFormat::ALL {
-            ftlab::trace::fuzz_one(format, text.as_bytes());
+            ftlab_sim::trace::fuzz_one(format, text.as_bytes());
         }
     }
 }

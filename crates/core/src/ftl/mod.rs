@@ -1,0 +1,514 @@
+//! The FTL core: host requests in, flash operations and completion times out.
+//!
+//! Owns: the mapping table, the reverse map, the block manager, the write frontiers, the write
+//! buffer, GC, and the flash timelines. Does not know: where requests come from (trace, generator,
+//! NBD socket), wall-clock time, or how results are reported. It is sans-IO: the caller passes the
+//! simulated time a request arrives and gets back the time it completes.
+
+pub mod block_manager;
+pub mod mapping;
+pub mod stats;
+pub mod write_buffer;
+
+use crate::config::Config;
+use crate::flash::{transfer_ns, FlashTiming, ProgramTimes};
+use crate::geometry::Geometry;
+use crate::request::{Op, PageSpan, Request};
+use block_manager::{BlockManager, SuperblockState, NONE};
+use mapping::MappingTable;
+pub use stats::FtlStats;
+use write_buffer::{BufferPolicy, WriteBuffer};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FtlError {
+    #[error("request [{offset_bytes}, +{length_bytes}) ends beyond the logical capacity of {capacity_bytes} bytes")]
+    OutOfRange {
+        offset_bytes: u64,
+        length_bytes: u64,
+        capacity_bytes: u64,
+    },
+    #[error("stream {stream} does not exist (ftl.streams = {streams})")]
+    NoSuchStream { stream: u8, streams: u32 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Frontier {
+    superblock: u32,
+    next_slot: u32,
+}
+
+/// Why a page is programmed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Host,
+    Gc,
+}
+
+pub struct Ftl<M: MappingTable> {
+    geometry: Geometry,
+    map: M,
+    /// ppn -> lpn of the data last programmed there; meaningful only where the page is valid.
+    lpn_of_ppn: Vec<u32>,
+    blocks: BlockManager,
+    /// Index `stream * 2 + (cause == Gc)`; with a shared GC frontier both indices alias the host one.
+    frontiers: Vec<Frontier>,
+    gc_separate_frontier: bool,
+    timing: FlashTiming,
+    buffer: WriteBuffer,
+    host_page_ns: u64,
+    streams: u32,
+    /// Foreground GC while fewer superblocks than this are free.
+    gc_foreground_below: u32,
+    /// Background GC while fewer superblocks than this are free.
+    gc_background_below: u32,
+    /// Background GC only takes victims with at least this many invalid pages (FEMU: 1/8).
+    gc_background_min_invalid: u32,
+    /// GC's list of (ppn, lpn) to move, kept to avoid allocating per victim.
+    gc_moves: Vec<(u32, u32)>,
+    stats: FtlStats,
+}
+
+/// How many GC moves ahead the mapping entry is prefetched: enough to overlap cache misses.
+const GC_PREFETCH_DISTANCE: usize = 32;
+/// How many moves ahead the second stage (`MappingTable::prefetch_near`) runs: late enough that
+/// the first stage's lines have arrived.
+const GC_PREFETCH_NEAR: usize = 16;
+
+impl<M: MappingTable> Ftl<M> {
+    /// An FTL for `config` on `geometry`, which `config.geometry()` validated and computed.
+    pub fn new(config: &Config, geometry: Geometry, map: M) -> Self {
+        let page_bytes = u64::from(geometry.page_size_bytes);
+        let buffer_pages = (config.ftl.write_buffer_mib * (1u64 << 20) as f64) as u64 / page_bytes;
+        let buffer_pages = buffer_pages
+            .min(geometry.logical_pages)
+            .min(u64::from(u32::MAX) - 1);
+        let below = |free_at_most: Option<u32>| free_at_most.map_or(0, |f| f + 1);
+        let gc_foreground_below =
+            below(geometry.gc_foreground_free_superblocks).max(geometry.free_superblocks_min);
+        let gc_background_below = below(geometry.gc_background_free_superblocks);
+        Self {
+            map,
+            lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, NONE),
+            blocks: BlockManager::new(&geometry),
+            frontiers: vec![
+                Frontier {
+                    superblock: NONE,
+                    next_slot: 0
+                };
+                config.ftl.streams as usize * 2
+            ],
+            gc_separate_frontier: config.ftl.gc_separate_frontier,
+            timing: FlashTiming::new(&config.flash, &geometry),
+            buffer: WriteBuffer::new(
+                buffer_pages as u32,
+                geometry.logical_pages,
+                BufferPolicy::Fifo,
+            ),
+            host_page_ns: transfer_ns(page_bytes, config.ftl.host_interface_mb_per_s),
+            streams: config.ftl.streams,
+            gc_foreground_below,
+            gc_background_below,
+            gc_background_min_invalid: (geometry.pages_per_superblock / 8).max(1),
+            gc_moves: Vec::with_capacity(geometry.pages_per_superblock as usize),
+            stats: FtlStats::default(),
+            geometry,
+        }
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn stats(&self) -> &FtlStats {
+        &self.stats
+    }
+
+    /// Starts the counts over (after preconditioning), the mapping table's own included.
+    pub fn reset_stats(&mut self) {
+        self.stats = FtlStats::default();
+        self.timing.reset_busy();
+        self.map.reset_activity();
+    }
+
+    pub fn mapping(&self) -> &M {
+        &self.map
+    }
+
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    pub fn free_superblocks(&self) -> u32 {
+        self.blocks.free_count()
+    }
+
+    pub fn timing(&self) -> &FlashTiming {
+        &self.timing
+    }
+
+    /// DRAM of the FTL's own tables: mapping, reverse map, block metadata, buffer index.
+    pub fn mapping_bytes(&self) -> usize {
+        self.map.heap_bytes()
+    }
+
+    /// Folds the mapping table's pending updates into its compact form (`MappingTable::compact`):
+    /// what it maps does not change, only how it is held.
+    pub fn compact_mapping(&mut self) {
+        self.map.compact();
+    }
+
+    pub fn metadata_bytes(&self) -> usize {
+        self.map.heap_bytes()
+            + self.lpn_of_ppn.capacity() * 4
+            + self.blocks.heap_bytes()
+            + self.buffer.heap_bytes()
+    }
+
+    /// Where `lpn` lives on flash now (None when unmapped), ignoring the write buffer. For
+    /// checks: not a GET in the table's statistics.
+    pub fn lookup(&self, lpn: u32) -> Option<u32> {
+        self.map.get_uncounted(lpn)
+    }
+
+    pub fn is_buffered(&self, lpn: u32) -> bool {
+        self.buffer.contains(lpn)
+    }
+
+    /// Hints for a driver that knows the next requests (`next`, then `after`): for `after`, two
+    /// requests ahead, fetch the mapping entry of its first page; for `next` (whose entry has
+    /// arrived), fetch the validity state of the page it will invalidate. Only the cache is
+    /// touched.
+    #[inline]
+    pub fn prefetch_ahead(&self, next: Option<&Request>, after: Option<&Request>) {
+        if let Some(r) = after {
+            self.prefetch_mapping(r);
+        }
+        if let Some(r) = next {
+            self.prefetch_block_state(r);
+        }
+    }
+
+    #[inline]
+    fn prefetch_mapping(&self, request: &Request) {
+        let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
+        if lpn < self.geometry.logical_pages {
+            self.map.prefetch(lpn as u32);
+        }
+    }
+
+    #[inline]
+    fn prefetch_block_state(&self, request: &Request) {
+        let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
+        if request.op == Op::Write && lpn < self.geometry.logical_pages {
+            if let Some(ppn) = self.map.peek(lpn as u32) {
+                self.blocks.prefetch(ppn);
+            }
+        }
+    }
+
+    /// Applies one host request arriving at `now_ns` and returns when it completes.
+    pub fn submit(&mut self, request: &Request, now_ns: u64) -> Result<u64, FtlError> {
+        let capacity_bytes = self.geometry.logical_bytes();
+        let end = request.offset_bytes.checked_add(request.length_bytes);
+        if request.op != Op::Flush && end.is_none_or(|e| e > capacity_bytes) {
+            return Err(FtlError::OutOfRange {
+                offset_bytes: request.offset_bytes,
+                length_bytes: request.length_bytes,
+                capacity_bytes,
+            });
+        }
+        if u32::from(request.stream) >= self.streams {
+            return Err(FtlError::NoSuchStream {
+                stream: request.stream,
+                streams: self.streams,
+            });
+        }
+        if request.op == Op::Flush {
+            self.stats.flushes += 1;
+            return Ok(self.drain_buffer(now_ns));
+        }
+        if request.length_bytes == 0 {
+            return Ok(now_ns + self.host_page_ns);
+        }
+        let span = PageSpan::new(
+            request.offset_bytes,
+            request.length_bytes,
+            u64::from(self.geometry.page_size_bytes),
+        );
+        let mut done_ns = now_ns;
+        match request.op {
+            Op::Write => {
+                for lpn in span.touched() {
+                    let partial = !span.is_whole(lpn);
+                    let t = self.write_page(lpn as u32, request.stream, partial, now_ns);
+                    done_ns = done_ns.max(t);
+                }
+            }
+            Op::Read => {
+                for lpn in span.touched() {
+                    done_ns = done_ns.max(self.read_page(lpn as u32, now_ns));
+                }
+            }
+            Op::Trim => {
+                // Only whole pages are deallocated; the partial ends of a trim keep their data,
+                // as an SSD with page-granular mapping does.
+                for lpn in span.whole() {
+                    self.trim_page(lpn as u32);
+                }
+                done_ns = now_ns + self.host_page_ns;
+            }
+            Op::Flush => unreachable!(),
+        }
+        Ok(done_ns)
+    }
+
+    fn read_page(&mut self, lpn: u32, now_ns: u64) -> u64 {
+        self.stats.host_read_pages += 1;
+        if self.buffer.contains(lpn) {
+            self.stats.buffer_read_hits += 1;
+            return now_ns + self.host_page_ns;
+        }
+        self.map.note_gets(1);
+        match self.map.get(lpn) {
+            Some(ppn) => {
+                self.stats.host_flash_read_pages += 1;
+                self.timing.read(self.geometry.die_of(ppn), now_ns) + self.host_page_ns
+            }
+            // Never written or trimmed: zeros, no flash access.
+            None => now_ns + self.host_page_ns,
+        }
+    }
+
+    fn write_page(&mut self, lpn: u32, stream: u8, partial: bool, now_ns: u64) -> u64 {
+        self.stats.host_write_pages += 1;
+        let mut ready_ns = now_ns;
+        if partial && !self.buffer.contains(lpn) {
+            self.map.note_gets(1);
+            if let Some(ppn) = self.map.get(lpn) {
+                // Read-modify-write: the untouched part of the page comes from flash.
+                self.stats.rmw_read_pages += 1;
+                ready_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
+            }
+        }
+        if !self.buffer.enabled() {
+            return self.program_host_page(lpn, stream, ready_ns).done_ns + self.host_page_ns;
+        }
+        if self.buffer.contains(lpn) {
+            self.stats.buffer_coalesced_pages += 1;
+            return ready_ns + self.host_page_ns;
+        }
+        if self.buffer.is_full() {
+            // The new page waits until the evicted one has left for its die.
+            ready_ns = ready_ns.max(self.evict_one(now_ns));
+        }
+        self.buffer.push(lpn, stream);
+        ready_ns + self.host_page_ns
+    }
+
+    /// Writes the buffer's next page to flash; returns when its slot is free.
+    fn evict_one(&mut self, now_ns: u64) -> u64 {
+        match self.buffer.pop_next() {
+            Some((lpn, stream)) if lpn != NONE => {
+                self.program_host_page(lpn, stream, now_ns).transferred_ns
+            }
+            _ => now_ns,
+        }
+    }
+
+    fn drain_buffer(&mut self, now_ns: u64) -> u64 {
+        let mut done_ns = now_ns;
+        while let Some((lpn, stream)) = self.buffer.pop_next() {
+            if lpn != NONE {
+                done_ns = done_ns.max(self.program_host_page(lpn, stream, now_ns).done_ns);
+            }
+        }
+        done_ns
+    }
+
+    /// Writes every buffered page to flash, as at shutdown; returns when the last is durable.
+    pub fn flush(&mut self, now_ns: u64) -> u64 {
+        self.drain_buffer(now_ns)
+    }
+
+    fn trim_page(&mut self, lpn: u32) {
+        self.stats.host_trim_pages += 1;
+        self.buffer.discard(lpn);
+        if let Some(old) = self.map.remove(lpn) {
+            self.blocks.invalidate(old);
+        }
+    }
+
+    /// GC as the thresholds demand, then one host page to flash.
+    fn program_host_page(&mut self, lpn: u32, stream: u8, ready_ns: u64) -> ProgramTimes {
+        let mut ready_ns = ready_ns;
+        while self.blocks.free_count() < self.gc_foreground_below {
+            match self.collect_one(0, ready_ns) {
+                Some(done) => {
+                    self.stats.gc_foreground += 1;
+                    ready_ns = ready_ns.max(done);
+                }
+                // Nothing reclaimable: as FEMU, give up until the next write. Below the reserve
+                // this cannot happen (the geometry refuses such over-provisioning).
+                None => {
+                    assert!(
+                        self.blocks.free_count() >= self.geometry.free_superblocks_min,
+                        "no reclaimable superblock with the free pool below its reserve"
+                    );
+                    break;
+                }
+            }
+        }
+        if self.blocks.free_count() < self.gc_background_below
+            && self
+                .collect_one(self.gc_background_min_invalid, ready_ns)
+                .is_some()
+        {
+            self.stats.gc_background += 1;
+        }
+        self.stats.host_program_pages += 1;
+        self.program(lpn, stream, ready_ns, None)
+    }
+
+    /// Greedy GC of one superblock with at least `min_invalid` invalid pages: its valid pages are
+    /// read and programmed elsewhere, then its blocks are erased. The flash operations occupy the
+    /// dies from `now_ns`; returns when the erase completes, or None when there is no victim.
+    fn collect_one(&mut self, min_invalid: u32, now_ns: u64) -> Option<u64> {
+        let victim = self.blocks.pick_victim(min_invalid)?;
+        let stream = self.blocks.stream_of(victim);
+        let base = victim * self.geometry.pages_per_superblock;
+        // Gather the moves first: the reverse map is read sequentially, and each mapping entry
+        // (a likely cache miss) is prefetched a few moves before it is updated.
+        let mut moves = std::mem::take(&mut self.gc_moves);
+        moves.clear();
+        for (w, &word) in self.blocks.valid_words(victim).iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let ppn = base + w as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                moves.push((ppn, self.lpn_of_ppn[ppn as usize]));
+            }
+        }
+        for &(_, lpn) in moves.iter().take(GC_PREFETCH_DISTANCE) {
+            self.map.prefetch(lpn);
+        }
+        for &(_, lpn) in moves.iter().take(GC_PREFETCH_NEAR) {
+            self.map.prefetch_near(lpn);
+        }
+        let mut last_write_ns = now_ns;
+        for i in 0..moves.len() {
+            if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_DISTANCE) {
+                self.map.prefetch(ahead);
+            }
+            if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_NEAR) {
+                self.map.prefetch_near(ahead);
+            }
+            let (ppn, lpn) = moves[i];
+            debug_assert_eq!(self.map.get_uncounted(lpn), Some(ppn));
+            let read_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
+            let t = self.program(lpn, stream, read_ns, Some(ppn));
+            last_write_ns = last_write_ns.max(t.done_ns);
+        }
+        self.stats.gc_read_pages += moves.len() as u64;
+        self.stats.gc_write_pages += moves.len() as u64;
+        self.gc_moves = moves;
+        debug_assert_eq!(self.blocks.valid_count(victim), 0);
+        self.blocks.erase(victim);
+        let first_die = self.geometry.first_die_of_superblock(victim);
+        let mut done_ns = last_write_ns;
+        for die in first_die..first_die + self.geometry.superblock_dies {
+            done_ns = done_ns.max(self.timing.erase(die, now_ns));
+        }
+        self.stats.erases += u64::from(self.geometry.superblock_dies);
+        Some(done_ns)
+    }
+
+    /// Programs `lpn` at its stream's frontier and updates mapping, reverse map and validity.
+    /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
+    /// table need not look it up).
+    #[inline]
+    fn program(
+        &mut self,
+        lpn: u32,
+        stream: u8,
+        ready_ns: u64,
+        moved_from: Option<u32>,
+    ) -> ProgramTimes {
+        let cause = if moved_from.is_some() {
+            Cause::Gc
+        } else {
+            Cause::Host
+        };
+        let (ppn, filled) = self.allocate(stream, cause);
+        let times = self.timing.program(self.geometry.die_of(ppn), ready_ns);
+        let old = match moved_from {
+            Some(from) => {
+                self.map.relocate(lpn, from, ppn);
+                Some(from)
+            }
+            None => self.map.set(lpn, ppn),
+        };
+        if let Some(old) = old {
+            self.blocks.invalidate(old);
+        }
+        self.lpn_of_ppn[ppn as usize] = lpn;
+        self.blocks.mark_valid(ppn);
+        if filled {
+            // Only now, with its last page valid, does it join the GC candidates.
+            self.blocks.close(self.geometry.superblock_of(ppn));
+        }
+        times
+    }
+
+    /// The next page of the frontier, and whether that page fills its superblock.
+    #[inline]
+    fn allocate(&mut self, stream: u8, cause: Cause) -> (u32, bool) {
+        let index =
+            stream as usize * 2 + usize::from(cause == Cause::Gc && self.gc_separate_frontier);
+        let pps = self.geometry.pages_per_superblock;
+        let mut f = self.frontiers[index];
+        if f.superblock == NONE {
+            f.superblock = self
+                .blocks
+                .take_free(stream)
+                .expect("free pool empty: GC reserve violated");
+            f.next_slot = 0;
+        }
+        let ppn = f.superblock * pps + f.next_slot;
+        f.next_slot += 1;
+        let filled = f.next_slot == pps;
+        if filled {
+            f.superblock = NONE;
+        }
+        self.frontiers[index] = f;
+        (ppn, filled)
+    }
+
+    /// Panics if map, reverse map, bitmaps, counts or superblock states disagree. For tests.
+    pub fn check_invariants(&self) {
+        self.blocks.check_invariants();
+        let mut mapped = 0u64;
+        for lpn in 0..self.geometry.logical_pages as u32 {
+            if let Some(ppn) = self.map.get_uncounted(lpn) {
+                mapped += 1;
+                assert!(
+                    self.blocks.is_valid(ppn),
+                    "lpn {lpn} -> ppn {ppn} not valid"
+                );
+                assert_eq!(
+                    self.lpn_of_ppn[ppn as usize], lpn,
+                    "reverse map of ppn {ppn}"
+                );
+            }
+        }
+        assert_eq!(mapped, self.map.live_mappings());
+        let valid: u64 = (0..self.geometry.superblocks)
+            .map(|sb| u64::from(self.blocks.valid_count(sb)))
+            .sum();
+        assert_eq!(valid, mapped, "valid pages vs mapped LPNs");
+        for f in &self.frontiers {
+            if f.superblock != NONE {
+                assert_eq!(self.blocks.state(f.superblock), SuperblockState::Open);
+            }
+        }
+    }
+}

@@ -1,0 +1,694 @@
+//! Results: latency histograms and the time series while a run goes, then the [`Report`]:
+//! a human summary, the JSON document (schema in docs/report-schema.md) and CSV.
+//!
+//! The JSON holds only simulated quantities, so the same config and seed give the same bytes;
+//! wall-clock speed appears in the human summary alone.
+
+use ftlab_core::config::Config;
+use ftlab_core::ftl::mapping::MappingTable;
+use ftlab_core::ftl::mapping::TableActivity;
+use ftlab_core::ftl::{Ftl, FtlStats};
+use ftlab_core::request::{Op, Request};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+fn histogram() -> Histogram<u64> {
+    // 1 ns .. 1 hour, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One interval of the time series.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SeriesRow {
+    /// End of the interval, simulated ns since the measured phase began.
+    pub end_ns: u64,
+    pub host_write_pages: u64,
+    pub nand_write_pages: u64,
+    /// WAF within this interval (0 when the host wrote nothing).
+    pub waf: f64,
+    /// WAF since the measured phase began (0 before the host wrote anything).
+    pub waf_cumulative: f64,
+    /// Requests arriving per simulated second in this interval.
+    pub iops: f64,
+    pub free_superblocks: u32,
+    /// The mapping table's DRAM at the interval's end (`MappingTable::heap_bytes`): how a
+    /// table with a buffer or garbage to collect breathes over the run.
+    #[serde(default)]
+    pub mapping_bytes: u64,
+}
+
+/// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
+#[derive(Clone, Debug)]
+pub struct OpHistograms {
+    read: Histogram<u64>,
+    write: Histogram<u64>,
+    trim: Histogram<u64>,
+    flush: Histogram<u64>,
+}
+
+impl Default for OpHistograms {
+    fn default() -> Self {
+        Self {
+            read: histogram(),
+            write: histogram(),
+            trim: histogram(),
+            flush: histogram(),
+        }
+    }
+}
+
+impl OpHistograms {
+    #[inline]
+    pub fn record(&mut self, op: Op, latency_ns: u64) {
+        let h = match op {
+            Op::Read => &mut self.read,
+            Op::Write => &mut self.write,
+            Op::Trim => &mut self.trim,
+            Op::Flush => &mut self.flush,
+        };
+        h.saturating_record(latency_ns.max(ZERO_LATENCY_NS));
+    }
+
+    pub fn summaries(&self) -> OpLatencies {
+        OpLatencies {
+            read: summarize(&self.read),
+            write: summarize(&self.write),
+            trim: summarize(&self.trim),
+            flush: summarize(&self.flush),
+        }
+    }
+}
+
+pub struct Recorder {
+    latency: OpHistograms,
+    read_bytes: u64,
+    write_bytes: u64,
+    interval_ns: u64,
+    start_ns: u64,
+    next_boundary_ns: u64,
+    last_host: u64,
+    last_nand: u64,
+    requests_in_interval: u64,
+    series: Vec<SeriesRow>,
+}
+
+impl Recorder {
+    pub fn new(interval_ns: u64, start_ns: u64) -> Self {
+        Self {
+            latency: OpHistograms::default(),
+            read_bytes: 0,
+            write_bytes: 0,
+            interval_ns,
+            start_ns,
+            next_boundary_ns: start_ns + interval_ns,
+            last_host: 0,
+            last_nand: 0,
+            requests_in_interval: 0,
+            series: Vec::new(),
+        }
+    }
+
+    /// Closes every interval that ends at or before `now_ns`.
+    #[inline]
+    pub fn advance<M: MappingTable>(&mut self, now_ns: u64, ftl: &Ftl<M>) {
+        while now_ns >= self.next_boundary_ns {
+            self.close_interval(self.next_boundary_ns, self.interval_ns, ftl);
+            self.next_boundary_ns += self.interval_ns;
+        }
+    }
+
+    fn close_interval<M: MappingTable>(&mut self, end_ns: u64, width_ns: u64, ftl: &Ftl<M>) {
+        let s = ftl.stats();
+        let host = s.host_write_pages - self.last_host;
+        let nand = s.nand_write_pages() - self.last_nand;
+        self.series.push(SeriesRow {
+            end_ns: end_ns - self.start_ns,
+            host_write_pages: host,
+            nand_write_pages: nand,
+            waf: if host == 0 {
+                0.0
+            } else {
+                nand as f64 / host as f64
+            },
+            waf_cumulative: s.waf().unwrap_or(0.0),
+            iops: self.requests_in_interval as f64 * 1e9 / width_ns.max(1) as f64,
+            free_superblocks: ftl.free_superblocks(),
+            mapping_bytes: ftl.mapping_bytes() as u64,
+        });
+        self.last_host = s.host_write_pages;
+        self.last_nand = s.nand_write_pages();
+        self.requests_in_interval = 0;
+    }
+
+    #[inline]
+    pub fn record(&mut self, request: &Request, arrival_ns: u64, completion_ns: u64) {
+        match request.op {
+            Op::Read => self.read_bytes += request.length_bytes,
+            Op::Write => self.write_bytes += request.length_bytes,
+            Op::Trim | Op::Flush => {}
+        }
+        self.latency.record(request.op, completion_ns - arrival_ns);
+        self.requests_in_interval += 1;
+    }
+
+    pub fn finish<M: MappingTable>(&mut self, end_ns: u64, ftl: &Ftl<M>) {
+        let start = self.next_boundary_ns - self.interval_ns;
+        if end_ns > start || self.series.is_empty() {
+            self.close_interval(end_ns, end_ns.saturating_sub(start), ftl);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+/// The latency CDF of one operation: (latency_ns, fraction of requests at or below it).
+pub type Cdf = Vec<(u64, f64)>;
+
+const CDF_QUANTILES: [f64; 22] = [
+    0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999,
+    0.9995, 0.9999, 0.99995, 0.99999, 1.0,
+];
+
+fn summarize(h: &Histogram<u64>) -> LatencySummary {
+    if h.is_empty() {
+        return LatencySummary::default();
+    }
+    LatencySummary {
+        count: h.len(),
+        mean: (h.mean() * 10.0).round() / 10.0,
+        p50: h.value_at_quantile(0.5),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+    }
+}
+
+/// The fraction of samples that took no time (recorded as 1 ns, the histogram's floor: no
+/// flash operation takes a nanosecond), rounded to 6 decimals; 0 for no samples.
+fn at_zero(h: &Histogram<u64>) -> f64 {
+    if h.is_empty() {
+        return 0.0;
+    }
+    round6(h.count_between(0, ZERO_LATENCY_NS) as f64 / h.len() as f64)
+}
+
+/// What a request that took no simulated time is recorded as (`OpHistograms::record`).
+pub const ZERO_LATENCY_NS: u64 = 1;
+
+fn cdf(h: &Histogram<u64>) -> Cdf {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    CDF_QUANTILES
+        .iter()
+        .map(|&q| (h.value_at_quantile(q), q))
+        .collect()
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OpLatencies {
+    pub read: LatencySummary,
+    pub write: LatencySummary,
+    pub trim: LatencySummary,
+    pub flush: LatencySummary,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencyCdfs {
+    pub read: Cdf,
+    pub write: Cdf,
+    /// The fraction of reads that took no simulated time (write-buffer hits, pages never
+    /// written): a log-scale axis cannot show them, so plots say it apart.
+    #[serde(default)]
+    pub read_at_zero: f64,
+    #[serde(default)]
+    pub write_at_zero: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TraceInfo {
+    pub path: String,
+    pub format: String,
+    pub requests: u64,
+    pub bad_lines_skipped: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceInfo {
+    pub physical_bytes: u64,
+    pub logical_bytes: u64,
+    pub over_provisioning: f64,
+    pub spare_factor: f64,
+    pub dies: u32,
+    pub superblocks: u32,
+    pub pages_per_superblock: u32,
+    pub free_superblocks_end: u32,
+    pub erase_count_min: u32,
+    pub erase_count_max: u32,
+    pub erase_count_mean: f64,
+    /// Fraction of die-time the dies were busy during the measured phase.
+    pub die_utilization: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MappingInfo {
+    pub table: String,
+    /// As the run ended: the table's buffer and spare capacity included.
+    pub bytes: u64,
+    /// The most the table held at any point of the run, preconditioning included: the DRAM it
+    /// needs (`MappingTable::peak_heap_bytes`; a merge's scratch vectors aside).
+    #[serde(default)]
+    pub bytes_peak: u64,
+    /// After folding its buffer and returning spare capacity (`MappingTable::compact`;
+    /// what `ftlab mapbench` reports): unlike `bytes`, it does not depend on where the run
+    /// stopped in the table's cycles of merging and collecting garbage.
+    #[serde(default)]
+    pub bytes_compacted: u64,
+    pub live_mappings: u64,
+    pub bytes_per_live_mapping: f64,
+    /// All FTL DRAM: mapping, reverse map, block metadata, buffer index.
+    pub ftl_metadata_bytes: u64,
+    /// Tables with an update buffer (`learned`): the fraction of lookups its compressed layer
+    /// answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed_get_fraction: Option<f64>,
+    /// What the table did beyond mapping, under its name (`learned`: what its buffer did, merges
+    /// and updates in place, and its groups' encodings).
+    #[serde(flatten)]
+    pub activity: Option<TableActivity>,
+}
+
+impl MappingInfo {
+    /// The learned table's activity, when the table is `learned`.
+    pub fn learned(&self) -> Option<&ftlab_learned::LearnedActivity> {
+        match &self.activity {
+            Some(TableActivity::Learned(a)) => Some(a),
+            None => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GcInfo {
+    pub background: u64,
+    pub foreground: u64,
+    pub read_pages: u64,
+    pub write_pages: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Requests {
+    pub read: u64,
+    pub write: u64,
+    pub trim: u64,
+    pub flush: u64,
+}
+
+/// The JSON report. Field order and names are the documented schema (docs/report-schema.md).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub ftlab_version: String,
+    /// `None` (JSON `null`) when the measured phase had no host write.
+    pub waf: Option<f64>,
+    pub host_write_pages: u64,
+    pub nand_write_pages: u64,
+    pub gc_write_pages: u64,
+    pub mapping_write_pages: u64,
+    pub host_program_pages: u64,
+    pub host_read_pages: u64,
+    pub host_trim_pages: u64,
+    pub erases: u64,
+    pub sim_time_ns: u64,
+    pub requests: Requests,
+    pub iops: f64,
+    pub read_mb_per_s: f64,
+    pub write_mb_per_s: f64,
+    pub latency_ns: OpLatencies,
+    pub gc: GcInfo,
+    pub mapping: MappingInfo,
+    pub device: DeviceInfo,
+    pub counters: Counters,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub trace: Option<TraceInfo>,
+    pub series: Vec<SeriesRow>,
+    pub latency_cdf: LatencyCdfs,
+    pub config: Config,
+    /// Not serialised: wall-clock figures for the human summary only.
+    #[serde(skip)]
+    pub wall_seconds: f64,
+}
+
+/// The FTL counters not already at the top level of the report.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Counters {
+    pub host_flash_read_pages: u64,
+    pub gc_read_pages: u64,
+    pub rmw_read_pages: u64,
+    pub buffer_coalesced_pages: u64,
+    pub buffer_read_hits: u64,
+    pub flushes: u64,
+}
+
+impl From<&FtlStats> for Counters {
+    fn from(s: &FtlStats) -> Self {
+        Self {
+            host_flash_read_pages: s.host_flash_read_pages,
+            gc_read_pages: s.gc_read_pages,
+            rmw_read_pages: s.rmw_read_pages,
+            buffer_coalesced_pages: s.buffer_coalesced_pages,
+            buffer_read_hits: s.buffer_read_hits,
+            flushes: s.flushes,
+        }
+    }
+}
+
+/// `bytes / live`, rounded as every report figure; 0 for an empty table.
+pub fn bytes_per_mapping(bytes: u64, live: u64) -> f64 {
+    if live == 0 {
+        0.0
+    } else {
+        round6(bytes as f64 / live as f64)
+    }
+}
+
+pub use ftlab_core::memory::binary_size;
+
+/// A WAF as the summaries print it: three decimals, or `n/a` when the host wrote nothing.
+pub fn waf_text(waf: Option<f64>) -> String {
+    waf.map_or_else(|| "n/a (no host writes)".into(), |w| format!("{w:.3}"))
+}
+
+/// `x` to six decimals: every fractional figure of a report, so that reports compare byte for
+/// byte across machines whose last float digits differ.
+pub fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+impl Report {
+    /// The run's report. The run is over, so the mapping table is compacted here (what it maps
+    /// stays the same) once the figures that depend on its buffer have been read. (Compacting a
+    /// copy held the table twice, and the learned table's copy more while its merges grew the
+    /// copy's arena: 52 MB of heap at the default preset's peak, 41 MB compacting in place, and
+    /// 32.5 MiB (massif) once the arena's garbage was collected in place as well, `store.rs`.)
+    pub fn build<M: MappingTable>(
+        config: &Config,
+        ftl: &mut Ftl<M>,
+        recorder: Recorder,
+        start_ns: u64,
+        end_ns: u64,
+        trace: Option<TraceInfo>,
+        wall_seconds: f64,
+    ) -> Report {
+        let live = ftl.mapping().live_mappings();
+        let mapping_bytes = ftl.mapping_bytes() as u64;
+        let mapping_bytes_peak = ftl.mapping().peak_heap_bytes() as u64;
+        let ftl_metadata_bytes = ftl.metadata_bytes() as u64;
+        let compressed_get_fraction = ftl.mapping().compressed_get_fraction().map(round6);
+        let activity = ftl.mapping().activity();
+        ftl.compact_mapping();
+        let mapping_bytes_compacted = ftl.mapping_bytes() as u64;
+        let s = ftl.stats();
+        let g = ftl.geometry();
+        let sim_time_ns = end_ns - start_ns;
+        let secs = sim_time_ns.max(1) as f64 / 1e9;
+        let r = &recorder;
+        let l = &r.latency;
+        let requests = Requests {
+            read: l.read.len(),
+            write: l.write.len(),
+            trim: l.trim.len(),
+            flush: l.flush.len(),
+        };
+        let total_requests = requests.read + requests.write + requests.trim + requests.flush;
+        // Per superblock; every physical block of a superblock is erased with it.
+        let erase_counts = ftl.blocks().erase_counts();
+        Report {
+            ftlab_version: env!("CARGO_PKG_VERSION").to_string(),
+            waf: s.waf().map(round6),
+            host_write_pages: s.host_write_pages,
+            nand_write_pages: s.nand_write_pages(),
+            gc_write_pages: s.gc_write_pages,
+            mapping_write_pages: s.mapping_write_pages,
+            host_program_pages: s.host_program_pages,
+            host_read_pages: s.host_read_pages,
+            host_trim_pages: s.host_trim_pages,
+            erases: s.erases,
+            sim_time_ns,
+            iops: round6(total_requests as f64 / secs),
+            read_mb_per_s: round6(r.read_bytes as f64 / 1e6 / secs),
+            write_mb_per_s: round6(r.write_bytes as f64 / 1e6 / secs),
+            requests,
+            latency_ns: l.summaries(),
+            gc: GcInfo {
+                background: s.gc_background,
+                foreground: s.gc_foreground,
+                read_pages: s.gc_read_pages,
+                write_pages: s.gc_write_pages,
+            },
+            mapping: MappingInfo {
+                table: ftl.mapping().name().to_string(),
+                bytes: mapping_bytes,
+                bytes_peak: mapping_bytes_peak,
+                bytes_compacted: mapping_bytes_compacted,
+                live_mappings: live,
+                bytes_per_live_mapping: bytes_per_mapping(mapping_bytes, live),
+                ftl_metadata_bytes,
+                compressed_get_fraction,
+                activity,
+            },
+            device: DeviceInfo {
+                physical_bytes: g.physical_bytes(),
+                logical_bytes: g.logical_bytes(),
+                over_provisioning: round6(g.over_provisioning()),
+                spare_factor: round6(
+                    (g.physical_pages - g.logical_pages) as f64 / g.physical_pages as f64,
+                ),
+                dies: g.dies,
+                superblocks: g.superblocks,
+                pages_per_superblock: g.pages_per_superblock,
+                free_superblocks_end: ftl.free_superblocks(),
+                erase_count_min: erase_counts.iter().copied().min().unwrap_or(0),
+                erase_count_max: erase_counts.iter().copied().max().unwrap_or(0),
+                erase_count_mean: round6(
+                    erase_counts.iter().map(|&c| f64::from(c)).sum::<f64>()
+                        / erase_counts.len().max(1) as f64,
+                ),
+                die_utilization: round6(
+                    ftl.timing().die_busy_ns_total() as f64
+                        / (sim_time_ns.max(1) as f64 * f64::from(g.dies)),
+                ),
+            },
+            counters: s.into(),
+            trace,
+            latency_cdf: LatencyCdfs {
+                read: cdf(&l.read),
+                write: cdf(&l.write),
+                read_at_zero: at_zero(&l.read),
+                write_at_zero: at_zero(&l.write),
+            },
+            series: recorder.series,
+            config: config.clone(),
+            wall_seconds,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report serialises") + "\n"
+    }
+
+    pub fn series_csv(&self) -> String {
+        let mut out = String::from(
+            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes\n",
+        );
+        for r in &self.series {
+            let _ = writeln!(
+                out,
+                "{},{},{},{:.4},{:.4},{:.1},{},{}",
+                r.end_ns,
+                r.host_write_pages,
+                r.nand_write_pages,
+                r.waf,
+                r.waf_cumulative,
+                r.iops,
+                r.free_superblocks,
+                r.mapping_bytes
+            );
+        }
+        out
+    }
+
+    /// The human summary.
+    pub fn summary(&self) -> String {
+        let mut o = String::new();
+        let c = &self.config;
+        let d = &self.device;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let _ = writeln!(
+            o,
+            "device     {:.2} GiB physical, {:.2} GiB logical (rho {:.3}, spare factor {:.3}), {} dies, {} superblocks x {} pages of {} B",
+            gib(d.physical_bytes), gib(d.logical_bytes), d.over_provisioning, d.spare_factor, d.dies,
+            d.superblocks, d.pages_per_superblock, c.flash.page_size_bytes
+        );
+        let workload = match &self.trace {
+            Some(t) => format!(
+                "trace {} ({}, {} requests, {} bad lines skipped), {} loop",
+                t.path, t.format, t.requests, t.bad_lines_skipped, c.workload.replay
+            ),
+            None => format!(
+                "{} {} B, {}% reads, queue depth {}, seed {}{}",
+                c.workload.kind,
+                c.workload.request_size_bytes,
+                c.workload.read_pcent,
+                c.workload.queue_depth,
+                c.workload.seed,
+                if c.workload.precondition {
+                    ", preconditioned"
+                } else {
+                    ""
+                }
+            ),
+        };
+        let _ = writeln!(o, "workload   {workload}");
+        let _ = writeln!(
+            o,
+            "writes     host {} pages -> flash {} pages (host {}, GC {}, mapping {})",
+            self.host_write_pages,
+            self.nand_write_pages,
+            self.host_program_pages,
+            self.gc_write_pages,
+            self.mapping_write_pages
+        );
+        let _ = writeln!(o, "WAF        {}", waf_text(self.waf));
+        let _ = writeln!(
+            o,
+            "GC         {} background + {} foreground superblocks, {} block erases (per block min {} / mean {:.2} / max {})",
+            self.gc.background, self.gc.foreground, self.erases, d.erase_count_min, d.erase_count_mean, d.erase_count_max
+        );
+        let _ = writeln!(
+            o,
+            "throughput {:.0} IOPS, read {:.1} MB/s, write {:.1} MB/s over {:.3} s simulated (die utilisation {:.0} %)",
+            self.iops,
+            self.read_mb_per_s,
+            self.write_mb_per_s,
+            self.sim_time_ns as f64 / 1e9,
+            d.die_utilization * 100.0
+        );
+        for (name, l) in [
+            ("read", &self.latency_ns.read),
+            ("write", &self.latency_ns.write),
+            ("trim", &self.latency_ns.trim),
+            ("flush", &self.latency_ns.flush),
+        ] {
+            if l.count > 0 {
+                let _ = writeln!(
+                    o,
+                    "{name:<10} {} req, latency us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+                    l.count,
+                    l.p50 as f64 / 1e3,
+                    l.p99 as f64 / 1e3,
+                    l.p999 as f64 / 1e3,
+                    l.max as f64 / 1e3
+                );
+            }
+        }
+        let m = &self.mapping;
+        // The compacted size only where it differs (a flat array has nothing to fold), with its
+        // bytes per live mapping: the figure to compare tables by (docs/mapping.md).
+        let per_mapping = format!("{:.2} B per live mapping", m.bytes_per_live_mapping);
+        let (compacted, per_mapping) = if m.bytes_compacted == m.bytes {
+            (String::new(), per_mapping)
+        } else {
+            (
+                format!(", {} compacted", binary_size(m.bytes_compacted)),
+                format!(
+                    "{per_mapping}, {:.2} compacted",
+                    bytes_per_mapping(m.bytes_compacted, m.live_mappings)
+                ),
+            )
+        };
+        // The peak only where the table ever held more than at the end.
+        let peak = if m.bytes_peak > m.bytes {
+            format!(" (peak {})", binary_size(m.bytes_peak))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            o,
+            "mapping    {} table {}{peak}{compacted} ({per_mapping}; {} live); all FTL metadata {}",
+            m.table,
+            binary_size(m.bytes),
+            m.live_mappings,
+            binary_size(m.ftl_metadata_bytes)
+        );
+        if let Some(f) = self.mapping.compressed_get_fraction {
+            let cursor = self
+                .mapping
+                .activity
+                .as_ref()
+                .and_then(|a| a.cursor_get_fraction());
+            let _ = writeln!(
+                o,
+                "           {:.1} % of lookups answered by the compressed layer, not the buffer{}",
+                100.0 * f,
+                cursor.map_or(String::new(), |c| format!(
+                    "; {:.1} % by the lookup cursor, with no search",
+                    100.0 * c
+                ))
+            );
+        }
+        if let Some(a) = self.mapping.learned() {
+            let (c, g) = (&a.counts, &a.groups);
+            let _ = writeln!(
+                o,
+                "           {} merges of {} buffered LPNs, {} updates and {} runs in place; groups: {} run lists, {} segments, {} bitmap words, {} patched",
+                c.merges,
+                c.merged_entries,
+                c.updates_in_place,
+                c.runs_moved_in_place,
+                g.runs,
+                g.segments,
+                g.words,
+                g.patched
+            );
+        }
+        if self.wall_seconds > 0.0 {
+            let _ = writeln!(
+                o,
+                "speed      {:.2} M host pages per wall second ({:.3} s wall)",
+                (self.host_write_pages + self.host_read_pages) as f64 / self.wall_seconds / 1e6,
+                self.wall_seconds
+            );
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::binary_size;
+
+    #[test]
+    fn binary_sizes_take_the_largest_unit_that_leaves_at_least_one() {
+        for (bytes, text) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (21_175, "20.7 KiB"),
+            (12 << 20, "12.0 MiB"),
+            ((3 << 30) + (1 << 29), "3.5 GiB"),
+            (16 << 40, "16.0 TiB"),
+            (1 << 60, "1048576.0 TiB"),
+        ] {
+            assert_eq!(binary_size(bytes), text, "{bytes}");
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The simulation driver: feeds requests from a generator or a trace into the FTL core, in open
+//! loop (trace timestamps) or closed loop (a fixed number outstanding), and records what the
+//! host sees. Owns: arrival times, latency histograms, the time series, preconditioning.
+//! Does not know: flash internals beyond the FTL's public counters.
+
+use crate::device::{ConfiguredFtl, FtlVisitor};
+use crate::report::{Recorder, Report, TraceInfo};
+use crate::trace::{TraceError, TraceReader};
+use crate::workload::Generator;
+use ftlab_core::config::Config;
+use ftlab_core::ftl::mapping::MappingTable;
+use ftlab_core::ftl::{Ftl, FtlError};
+use ftlab_core::request::{Op, Request};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Config(#[from] ftlab_core::config::ConfigError),
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
+    #[error(
+        "{location}: {cause} (pass --wrap to fold such addresses into the device, or size it for the trace with --set capacity.logical_bytes=BYTES)"
+    )]
+    OutOfRange { location: String, cause: FtlError },
+    #[error("{location}: {cause}")]
+    Request { location: String, cause: FtlError },
+    #[error("workload: {0}")]
+    Workload(String),
+    #[error("{0}")]
+    Memory(String),
+}
+
+/// What the driver reports while it runs (for a progress bar).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    pub phase: &'a str,
+    pub done: u64,
+    pub total: Option<u64>,
+}
+
+const PROGRESS_EVERY: u64 = 1 << 16;
+
+enum Source {
+    Generator {
+        generator: Generator,
+        remaining: u64,
+    },
+    Trace(Box<TraceReader>),
+}
+
+impl Source {
+    #[inline]
+    fn next(&mut self) -> Result<Option<Request>, SimError> {
+        match self {
+            Source::Generator {
+                generator,
+                remaining,
+            } => {
+                if *remaining == 0 {
+                    return Ok(None);
+                }
+                *remaining -= 1;
+                Ok(Some(generator.next_request()))
+            }
+            Source::Trace(reader) => Ok(reader.next_request()?),
+        }
+    }
+
+    fn location(&self) -> String {
+        match self {
+            Source::Generator { .. } => "generator".into(),
+            Source::Trace(r) => format!("{}:{}", r.path().display(), r.line_number()),
+        }
+    }
+}
+
+/// Runs the configured simulation and returns its report.
+pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report, SimError> {
+    let geometry = config.geometry()?;
+    // Before the first table is allocated: a device too large for the host is an error naming
+    // its keys, not an abort on a failed allocation.
+    ftlab_core::memory::MemoryEstimate::of(config, &geometry)
+        .check(ftlab_core::memory::available().as_ref())
+        .map_err(SimError::Memory)?;
+    ConfiguredFtl::new(config, &geometry).visit(Simulate { config, progress })
+}
+
+/// Issues `count` requests from `next` with `queue_depth` outstanding, starting at `start_ns`;
+/// returns when the last completes. Used for preconditioning (nothing is recorded).
+fn drive_closed<M: MappingTable>(
+    ftl: &mut Ftl<M>,
+    count: u64,
+    queue_depth: u32,
+    start_ns: u64,
+    mut next: impl FnMut(u64) -> Request,
+    phase: &str,
+    progress: &mut dyn FnMut(Progress),
+) -> u64 {
+    let mut outstanding: BinaryHeap<Reverse<u64>> =
+        (0..queue_depth).map(|_| Reverse(start_ns)).collect();
+    let mut end_ns = start_ns;
+    // Two requests of lookahead, as in the measured phase, so the FTL can prefetch.
+    let mut upcoming = (count > 0).then(|| next(0));
+    let mut after = (count > 1).then(|| next(1));
+    for i in 0..count {
+        let mut slot = outstanding.peek_mut().expect("queue depth >= 1");
+        let request = upcoming.take().expect("one request per step");
+        upcoming = after.take();
+        after = (i + 2 < count).then(|| next(i + 2));
+        ftl.prefetch_ahead(upcoming.as_ref(), after.as_ref());
+        let done = ftl
+            .submit(&request, slot.0)
+            .expect("preconditioning stays within the device");
+        end_ns = end_ns.max(done);
+        *slot = Reverse(done);
+        drop(slot);
+        if i % PROGRESS_EVERY == 0 {
+            progress(Progress {
+                phase,
+                done: i,
+                total: Some(count),
+            });
+        }
+    }
+    end_ns
+}
+
+fn precondition<M: MappingTable>(
+    ftl: &mut Ftl<M>,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> u64 {
+    let geometry = ftl.geometry().clone();
+    let page = u64::from(geometry.page_size_bytes);
+    let logical = geometry.logical_bytes();
+    // Sequential fill in 128 KiB requests (the FTL splits them into pages).
+    let chunk = (128 * 1024u64).max(page).min(logical);
+    let fill_requests = logical.div_ceil(chunk);
+    let qd = config.workload.queue_depth.max(32);
+    let mut t = drive_closed(
+        ftl,
+        fill_requests,
+        qd,
+        0,
+        |i| {
+            let offset = i * chunk;
+            Request {
+                arrival_ns: 0,
+                op: Op::Write,
+                offset_bytes: offset,
+                length_bytes: chunk.min(logical - offset),
+                stream: 0,
+            }
+        },
+        "precondition: sequential fill",
+        progress,
+    );
+    let random_pages =
+        (config.workload.precondition_overwrites * geometry.logical_pages as f64).round() as u64;
+    // A seed of its own, so the measured workload's sequence does not depend on this phase.
+    let mut writer =
+        Generator::uniform_writer(config.workload.seed ^ 0x005E_ED0F_F111, logical, page);
+    t = drive_closed(
+        ftl,
+        random_pages,
+        qd,
+        t,
+        |_| writer.next_request(),
+        "precondition: random overwrite",
+        progress,
+    );
+    ftl.flush(t).max(ftl.timing().horizon_ns())
+}
+
+/// `run`'s generic half, for the FTL `ConfiguredFtl` built.
+struct Simulate<'a, 'p> {
+    config: &'a Config,
+    progress: &'p mut dyn FnMut(Progress),
+}
+
+impl FtlVisitor for Simulate<'_, '_> {
+    type Output = Result<Report, SimError>;
+    fn visit<M: MappingTable>(self, ftl: Ftl<M>) -> Self::Output {
+        run_with(self.config, ftl, self.progress)
+    }
+}
+
+/// Runs the configured simulation on a given FTL (any mapping table: `ftlab mapbench` runs it on
+/// one that records its updates).
+pub fn run_with<M: MappingTable>(
+    config: &Config,
+    mut ftl: Ftl<M>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Report, SimError> {
+    let geometry = ftl.geometry().clone();
+    let w = &config.workload;
+    let mut start_ns = 0;
+    if w.precondition {
+        start_ns = precondition(&mut ftl, config, progress);
+    }
+    ftl.reset_stats();
+
+    let (mut source, total, open_loop) = match &w.trace {
+        Some(path) => {
+            let reader = TraceReader::open(Path::new(path), w.format, w.skip_bad_lines)?;
+            (
+                Source::Trace(Box::new(reader)),
+                None,
+                w.replay == ftlab_core::config::Replay::Open,
+            )
+        }
+        None => {
+            let generator =
+                Generator::new(w, geometry.logical_bytes()).map_err(SimError::Workload)?;
+            let requests = match (w.requests, w.overwrites) {
+                (Some(r), _) => r,
+                (None, Some(o)) => ((o * geometry.logical_bytes() as f64)
+                    / generator.request_size_bytes() as f64)
+                    .round() as u64,
+                (None, None) => 1_000_000,
+            };
+            (
+                Source::Generator {
+                    generator,
+                    remaining: requests,
+                },
+                Some(requests),
+                false,
+            )
+        }
+    };
+
+    let mut recorder = Recorder::new(config.report.series_interval_ns, start_ns);
+    let mut outstanding: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    if !open_loop {
+        outstanding.extend((0..w.queue_depth).map(|_| Reverse(start_ns)));
+    }
+    let capacity = geometry.logical_bytes();
+    let wall = Instant::now();
+    let mut done: u64 = 0;
+    let mut end_ns = start_ns;
+    // Two requests of lookahead let the FTL prefetch the cache lines they will touch.
+    let mut upcoming = source.next()?;
+    let mut after = source.next()?;
+    while let Some(request) = upcoming {
+        upcoming = after;
+        after = source.next()?;
+        ftl.prefetch_ahead(upcoming.as_ref(), after.as_ref());
+        let arrival_ns = if open_loop {
+            // Bounded: trace spans are < 2^60 ns and time_scale <= 1000.
+            start_ns.saturating_add((request.arrival_ns as f64 * w.time_scale) as u64)
+        } else {
+            // The earliest completion frees a slot; its entry is replaced below (one sift).
+            outstanding.peek().expect("queue depth >= 1").0
+        };
+        recorder.advance(arrival_ns, &ftl);
+        let end = request.offset_bytes.saturating_add(request.length_bytes);
+        let completion_ns = if request.op != Op::Flush && end > capacity && w.wrap {
+            // Fold every page into the device: the request is cut where it crosses the end, and one
+            // longer than the whole device covers it once.
+            let mut done_ns = arrival_ns;
+            let (mut offset, mut remaining) =
+                (request.offset_bytes, request.length_bytes.min(capacity));
+            while remaining > 0 {
+                let start = offset % capacity;
+                let length = remaining.min(capacity - start);
+                let piece = Request {
+                    offset_bytes: start,
+                    length_bytes: length,
+                    ..request
+                };
+                done_ns = done_ns.max(submit(&mut ftl, &piece, arrival_ns, &source)?);
+                offset += length;
+                remaining -= length;
+            }
+            done_ns
+        } else {
+            submit(&mut ftl, &request, arrival_ns, &source)?
+        };
+        if !open_loop {
+            *outstanding.peek_mut().expect("queue depth >= 1") = Reverse(completion_ns);
+        }
+        end_ns = end_ns.max(completion_ns);
+        recorder.record(&request, arrival_ns, completion_ns);
+        done += 1;
+        if done.is_multiple_of(PROGRESS_EVERY) {
+            progress(Progress {
+                phase: "simulate",
+                done,
+                total,
+            });
+        }
+    }
+    // The run ends with a flush: buffered data reaches flash and is counted.
+    end_ns = end_ns.max(ftl.flush(end_ns));
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    recorder.finish(end_ns, &ftl);
+    let trace = match &source {
+        Source::Trace(r) => Some(TraceInfo {
+            path: r.path().display().to_string(),
+            format: r.format().name().to_string(),
+            requests: r.requests,
+            bad_lines_skipped: r.bad_lines(),
+        }),
+        Source::Generator { .. } => None,
+    };
+    Ok(Report::build(
+        config,
+        &mut ftl,
+        recorder,
+        start_ns,
+        end_ns,
+        trace,
+        wall_seconds,
+    ))
+}
+
+#[inline]
+fn submit<M: MappingTable>(
+    ftl: &mut Ftl<M>,
+    request: &Request,
+    now_ns: u64,
+    source: &Source,
+) -> Result<u64, SimError> {
+    ftl.submit(request, now_ns).map_err(|e| match e {
+        FtlError::OutOfRange { .. } => SimError::OutOfRange {
+            location: source.location(),
+            cause: e,
+        },
+        other => SimError::Request {
+            location: source.location(),
+            cause: other,
+        },
+    })
+}
