@@ -3,6 +3,11 @@
 //! Operations are scheduled eagerly in the order the FTL issues them (as FEMU does): each starts
 //! when its inputs are ready and the die (and, for transfers, the channel) is free, and returns its
 //! completion time. Nothing here reads a clock.
+//!
+//! The FTL issues every operation through one function (`Ftl::flash`) as a [`FlashOp`] tagged
+//! with its [`Cause`] and placement, and counts it there in [`FlashCounts`]: the report's
+//! host/GC/mapping page counts and the per-placement counts FDP statistics need are all read
+//! from that one record.
 
 use crate::config::FlashConfig;
 use crate::geometry::Geometry;
@@ -21,12 +26,22 @@ pub struct FlashTiming {
     die_busy_ns: Vec<u64>,
 }
 
-/// When a program's data has left the controller (the buffer slot is free again) and when the
-/// page is durable.
+/// When an operation's data has left the controller (for a program: its buffer slot is free
+/// again) and when the operation is done (the page durable, sensed and transferred, erased).
 #[derive(Clone, Copy, Debug)]
-pub struct ProgramTimes {
+pub struct OpTimes {
     pub transferred_ns: u64,
     pub done_ns: u64,
+}
+
+impl OpTimes {
+    /// An operation whose data is where it goes when it is done (a read, an erase).
+    pub fn at(done_ns: u64) -> Self {
+        Self {
+            transferred_ns: done_ns,
+            done_ns,
+        }
+    }
 }
 
 pub fn transfer_ns(bytes: u64, mb_per_s: u64) -> u64 {
@@ -35,6 +50,110 @@ pub fn transfer_ns(bytes: u64, mb_per_s: u64) -> u64 {
     } else {
         // 1 MB/s = 1 byte per microsecond = 1e-3 bytes per ns.
         (bytes * 1000).div_ceil(mb_per_s)
+    }
+}
+
+/// Why the FTL touches flash. Every operation carries one and is counted under it; a new reason
+/// (a translation page, a reclaim unit's own GC) is a new variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cause {
+    /// Host data: a host read's page, a host page's program.
+    Host = 0,
+    /// The old page a partial-page host write reads to merge with the new bytes.
+    ReadModifyWrite = 1,
+    /// Garbage collection: reading and programming a victim's valid pages, erasing it.
+    Gc = 2,
+    /// The mapping table's own pages (translation pages), where a table persists itself.
+    Mapping = 3,
+}
+
+impl Cause {
+    pub const COUNT: usize = 4;
+    pub const ALL: [Cause; Cause::COUNT] = [
+        Cause::Host,
+        Cause::ReadModifyWrite,
+        Cause::Gc,
+        Cause::Mapping,
+    ];
+}
+
+/// One flash operation and what it addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashOp {
+    /// Sense a page and move it across the channel.
+    Read { ppn: u32 },
+    /// Move a page across the channel and program it.
+    Program { ppn: u32 },
+    /// Erase a superblock: one physical block on each die it spans.
+    Erase { superblock: u32 },
+}
+
+/// Per placement (stream / FDP placement handle): pages programmed and physical blocks erased,
+/// by cause.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlacementCounts {
+    pub program_pages: [u64; Cause::COUNT],
+    pub erased_blocks: [u64; Cause::COUNT],
+}
+
+/// The flash operations an FTL issued, by cause, and (programs and erases) by placement. Reads
+/// have no placement: a host read finds its page through the mapping, not through a stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlashCounts {
+    read_pages: [u64; Cause::COUNT],
+    placements: Vec<PlacementCounts>,
+}
+
+impl FlashCounts {
+    /// Counts for `placements` placements (more are added if an operation names one).
+    pub fn new(placements: usize) -> Self {
+        Self {
+            read_pages: [0; Cause::COUNT],
+            placements: vec![PlacementCounts::default(); placements],
+        }
+    }
+
+    /// Counts `units` operations (pages; for an erase, physical blocks).
+    #[inline]
+    pub fn record(&mut self, op: FlashOp, cause: Cause, placement: u8, units: u64) {
+        let c = cause as usize;
+        match op {
+            FlashOp::Read { .. } => self.read_pages[c] += units,
+            FlashOp::Program { .. } => self.placement_mut(placement).program_pages[c] += units,
+            FlashOp::Erase { .. } => self.placement_mut(placement).erased_blocks[c] += units,
+        }
+    }
+
+    #[inline]
+    fn placement_mut(&mut self, placement: u8) -> &mut PlacementCounts {
+        let p = usize::from(placement);
+        if p >= self.placements.len() {
+            self.placements.resize(p + 1, PlacementCounts::default());
+        }
+        &mut self.placements[p]
+    }
+
+    pub fn read_pages(&self, cause: Cause) -> u64 {
+        self.read_pages[cause as usize]
+    }
+
+    pub fn program_pages(&self, cause: Cause) -> u64 {
+        self.placements
+            .iter()
+            .map(|p| p.program_pages[cause as usize])
+            .sum()
+    }
+
+    pub fn erased_blocks(&self, cause: Cause) -> u64 {
+        self.placements
+            .iter()
+            .map(|p| p.erased_blocks[cause as usize])
+            .sum()
+    }
+
+    /// Every placement's counts, by placement number (placements never used may be absent).
+    pub fn placements(&self) -> &[PlacementCounts] {
+        &self.placements
     }
 }
 
@@ -71,7 +190,7 @@ impl FlashTiming {
 
     /// Page program: the data crosses the channel into the die's register, then the die programs.
     #[inline]
-    pub fn program(&mut self, die: u32, ready_ns: u64) -> ProgramTimes {
+    pub fn program(&mut self, die: u32, ready_ns: u64) -> OpTimes {
         let d = die as usize;
         let c = (die % self.channels) as usize;
         let start = ready_ns
@@ -82,7 +201,7 @@ impl FlashTiming {
         let done = transferred + self.program_latency_ns;
         self.die_busy_ns[d] += done - start;
         self.die_free_ns[d] = done;
-        ProgramTimes {
+        OpTimes {
             transferred_ns: transferred,
             done_ns: done,
         }

@@ -389,7 +389,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         "requests {requests}; host write pages {}, flash write pages {} (GC {}), WAF {}",
         f.host_write_pages,
         f.nand_write_pages(),
-        f.gc_write_pages,
+        f.gc_write_pages(),
         ftlab_sim::report::waf_text(f.waf())
     );
     if !seen.is_empty() {

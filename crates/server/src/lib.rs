@@ -585,8 +585,8 @@ impl Device {
             "waf": ftl.waf().map(ftlab_sim::report::round6),
             "host_write_pages": ftl.host_write_pages,
             "nand_write_pages": ftl.nand_write_pages(),
-            "gc_write_pages": ftl.gc_write_pages,
-            "erases": ftl.erases,
+            "gc_write_pages": ftl.gc_write_pages(),
+            "erases": ftl.erases(),
             // The model's clock is the wall clock since start.
             "sim_time_ns": now_ns,
             "latency_ns": latency,

@@ -361,9 +361,9 @@ pub struct Counters {
 impl From<&FtlStats> for Counters {
     fn from(s: &FtlStats) -> Self {
         Self {
-            host_flash_read_pages: s.host_flash_read_pages,
-            gc_read_pages: s.gc_read_pages,
-            rmw_read_pages: s.rmw_read_pages,
+            host_flash_read_pages: s.host_flash_read_pages(),
+            gc_read_pages: s.gc_read_pages(),
+            rmw_read_pages: s.rmw_read_pages(),
             buffer_coalesced_pages: s.buffer_coalesced_pages,
             buffer_read_hits: s.buffer_read_hits,
             flushes: s.flushes,
@@ -436,12 +436,12 @@ impl Report {
             waf: s.waf().map(round6),
             host_write_pages: s.host_write_pages,
             nand_write_pages: s.nand_write_pages(),
-            gc_write_pages: s.gc_write_pages,
-            mapping_write_pages: s.mapping_write_pages,
-            host_program_pages: s.host_program_pages,
+            gc_write_pages: s.gc_write_pages(),
+            mapping_write_pages: s.mapping_write_pages(),
+            host_program_pages: s.host_program_pages(),
             host_read_pages: s.host_read_pages,
             host_trim_pages: s.host_trim_pages,
-            erases: s.erases,
+            erases: s.erases(),
             sim_time_ns,
             iops: round6(total_requests as f64 / secs),
             read_mb_per_s: round6(r.read_bytes as f64 / 1e6 / secs),
@@ -451,8 +451,8 @@ impl Report {
             gc: GcInfo {
                 background: s.gc_background,
                 foreground: s.gc_foreground,
-                read_pages: s.gc_read_pages,
-                write_pages: s.gc_write_pages,
+                read_pages: s.gc_read_pages(),
+                write_pages: s.gc_write_pages(),
             },
             mapping: MappingInfo {
                 table: ftl.mapping().name().to_string(),

@@ -11,7 +11,7 @@ pub mod stats;
 pub mod write_buffer;
 
 use crate::config::Config;
-use crate::flash::{transfer_ns, FlashTiming, ProgramTimes};
+use crate::flash::{transfer_ns, Cause, FlashOp, FlashTiming, OpTimes};
 use crate::geometry::Geometry;
 use crate::request::{Op, PageSpan, Request};
 use block_manager::{BlockManager, SuperblockState, NONE};
@@ -35,13 +35,6 @@ pub enum FtlError {
 struct Frontier {
     superblock: u32,
     next_slot: u32,
-}
-
-/// Why a page is programmed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Cause {
-    Host,
-    Gc,
 }
 
 pub struct Ftl<M: MappingTable> {
@@ -110,7 +103,7 @@ impl<M: MappingTable> Ftl<M> {
             gc_background_below,
             gc_background_min_invalid: (geometry.pages_per_superblock / 8).max(1),
             gc_moves: Vec::with_capacity(geometry.pages_per_superblock as usize),
-            stats: FtlStats::default(),
+            stats: FtlStats::new(config.ftl.streams as usize),
             geometry,
         }
     }
@@ -125,7 +118,7 @@ impl<M: MappingTable> Ftl<M> {
 
     /// Starts the counts over (after preconditioning), the mapping table's own included.
     pub fn reset_stats(&mut self) {
-        self.stats = FtlStats::default();
+        self.stats = FtlStats::new(self.streams as usize);
         self.timing.reset_busy();
         self.map.reset_activity();
     }
@@ -271,8 +264,9 @@ impl<M: MappingTable> Ftl<M> {
         self.map.note_gets(1);
         match self.map.get(lpn) {
             Some(ppn) => {
-                self.stats.host_flash_read_pages += 1;
-                self.timing.read(self.geometry.die_of(ppn), now_ns) + self.host_page_ns
+                self.flash(FlashOp::Read { ppn }, Cause::Host, 0, now_ns)
+                    .done_ns
+                    + self.host_page_ns
             }
             // Never written or trimmed: zeros, no flash access.
             None => now_ns + self.host_page_ns,
@@ -286,8 +280,9 @@ impl<M: MappingTable> Ftl<M> {
             self.map.note_gets(1);
             if let Some(ppn) = self.map.get(lpn) {
                 // Read-modify-write: the untouched part of the page comes from flash.
-                self.stats.rmw_read_pages += 1;
-                ready_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
+                ready_ns = self
+                    .flash(FlashOp::Read { ppn }, Cause::ReadModifyWrite, 0, now_ns)
+                    .done_ns;
             }
         }
         if !self.buffer.enabled() {
@@ -339,7 +334,7 @@ impl<M: MappingTable> Ftl<M> {
     }
 
     /// GC as the thresholds demand, then one host page to flash.
-    fn program_host_page(&mut self, lpn: u32, stream: u8, ready_ns: u64) -> ProgramTimes {
+    fn program_host_page(&mut self, lpn: u32, stream: u8, ready_ns: u64) -> OpTimes {
         let mut ready_ns = ready_ns;
         while self.blocks.free_count() < self.gc_foreground_below {
             match self.collect_one(0, ready_ns) {
@@ -365,7 +360,6 @@ impl<M: MappingTable> Ftl<M> {
         {
             self.stats.gc_background += 1;
         }
-        self.stats.host_program_pages += 1;
         self.program(lpn, stream, ready_ns, None)
     }
 
@@ -404,42 +398,32 @@ impl<M: MappingTable> Ftl<M> {
             }
             let (ppn, lpn) = moves[i];
             debug_assert_eq!(self.map.get_uncounted(lpn), Some(ppn));
-            let read_ns = self.timing.read(self.geometry.die_of(ppn), now_ns);
+            let read_ns = self
+                .flash(FlashOp::Read { ppn }, Cause::Gc, stream, now_ns)
+                .done_ns;
             let t = self.program(lpn, stream, read_ns, Some(ppn));
             last_write_ns = last_write_ns.max(t.done_ns);
         }
-        self.stats.gc_read_pages += moves.len() as u64;
-        self.stats.gc_write_pages += moves.len() as u64;
         self.gc_moves = moves;
         debug_assert_eq!(self.blocks.valid_count(victim), 0);
         self.blocks.erase(victim);
-        let first_die = self.geometry.first_die_of_superblock(victim);
-        let mut done_ns = last_write_ns;
-        for die in first_die..first_die + self.geometry.superblock_dies {
-            done_ns = done_ns.max(self.timing.erase(die, now_ns));
-        }
-        self.stats.erases += u64::from(self.geometry.superblock_dies);
-        Some(done_ns)
+        let erase = FlashOp::Erase { superblock: victim };
+        let erased_ns = self.flash(erase, Cause::Gc, stream, now_ns).done_ns;
+        Some(last_write_ns.max(erased_ns))
     }
 
     /// Programs `lpn` at its stream's frontier and updates mapping, reverse map and validity.
     /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
     /// table need not look it up).
     #[inline]
-    fn program(
-        &mut self,
-        lpn: u32,
-        stream: u8,
-        ready_ns: u64,
-        moved_from: Option<u32>,
-    ) -> ProgramTimes {
+    fn program(&mut self, lpn: u32, stream: u8, ready_ns: u64, moved_from: Option<u32>) -> OpTimes {
         let cause = if moved_from.is_some() {
             Cause::Gc
         } else {
             Cause::Host
         };
         let (ppn, filled) = self.allocate(stream, cause);
-        let times = self.timing.program(self.geometry.die_of(ppn), ready_ns);
+        let times = self.flash(FlashOp::Program { ppn }, cause, stream, ready_ns);
         let old = match moved_from {
             Some(from) => {
                 self.map.relocate(lpn, from, ppn);
@@ -456,6 +440,33 @@ impl<M: MappingTable> Ftl<M> {
             // Only now, with its last page valid, does it join the GC candidates.
             self.blocks.close(self.geometry.superblock_of(ppn));
         }
+        times
+    }
+
+    /// Issues one flash operation, occupying its die (and channel) from `ready_ns`, and counts it
+    /// under `cause` and `placement`: every flash operation the FTL makes goes through here. A
+    /// read's or an erase's `transferred_ns` is its `done_ns`.
+    #[inline]
+    fn flash(&mut self, op: FlashOp, cause: Cause, placement: u8, ready_ns: u64) -> OpTimes {
+        let (times, units) = match op {
+            FlashOp::Read { ppn } => {
+                let done_ns = self.timing.read(self.geometry.die_of(ppn), ready_ns);
+                (OpTimes::at(done_ns), 1)
+            }
+            FlashOp::Program { ppn } => {
+                (self.timing.program(self.geometry.die_of(ppn), ready_ns), 1)
+            }
+            FlashOp::Erase { superblock } => {
+                let first_die = self.geometry.first_die_of_superblock(superblock);
+                let dies = self.geometry.superblock_dies;
+                let done_ns = (first_die..first_die + dies)
+                    .map(|die| self.timing.erase(die, ready_ns))
+                    .max()
+                    .unwrap_or(ready_ns);
+                (OpTimes::at(done_ns), u64::from(dies))
+            }
+        };
+        self.stats.flash.record(op, cause, placement, units);
         times
     }
 
@@ -510,5 +521,83 @@ impl<M: MappingTable> Ftl<M> {
                 assert_eq!(self.blocks.state(f.superblock), SuperblockState::Open);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigBuilder;
+    use crate::flash::Cause;
+    use crate::ftl::mapping::FlatMapping;
+
+    /// Every program, read and erase lands under its cause and placement: host pages under the
+    /// stream that wrote them, GC's under the stream of the victim it cleaned, and the report's
+    /// totals are the sums.
+    #[test]
+    fn flash_work_is_counted_by_cause_and_placement() {
+        let mut b = ConfigBuilder::from_preset("femu").unwrap();
+        for s in [
+            "flash.channels=2",
+            "flash.dies_per_channel=2",
+            "flash.blocks_per_die=32",
+            "flash.superblock_dies=1",
+            "capacity.over_provisioning=0.25",
+            "ftl.streams=2",
+        ] {
+            b.set(s).unwrap();
+        }
+        let config = b.build().unwrap();
+        let g = config.geometry().unwrap();
+        let mut ftl = Ftl::new(&config, g.clone(), FlatMapping::new(g.logical_pages));
+        let page = u64::from(g.page_size_bytes);
+        let pages = g.logical_pages;
+        // Stream 1 fills the device once, then stream 0 overwrites it three times (GC runs), a
+        // partial write reads its old page, and a read reads one.
+        let mut now = 0;
+        for lpn in 0..pages {
+            let mut r = Request::new(now, Op::Write, lpn * page, page);
+            r.stream = 1;
+            now = ftl.submit(&r, now).unwrap();
+        }
+        let mut rng = crate::rng::SplitMix64::new(7);
+        for _ in 0..3 * pages {
+            let lpn = rng.bounded(pages);
+            now = ftl
+                .submit(&Request::new(now, Op::Write, lpn * page, page), now)
+                .unwrap();
+        }
+        now = ftl
+            .submit(&Request::new(now, Op::Write, 512, 512), now)
+            .unwrap();
+        ftl.submit(&Request::new(now, Op::Read, page, page), now)
+            .unwrap();
+        ftl.check_invariants();
+
+        let s = ftl.stats();
+        let f = &s.flash;
+        let at = |p: usize| &f.placements()[p];
+        assert_eq!(at(1).program_pages[Cause::Host as usize], pages);
+        assert_eq!(at(0).program_pages[Cause::Host as usize], 3 * pages + 1);
+        assert!(s.gc_write_pages() > 0 && s.erases() > 0, "{s:?}");
+        // GC moved pages of both streams' superblocks, and erased blocks of both.
+        for p in 0..2 {
+            assert!(at(p).program_pages[Cause::Gc as usize] > 0, "{s:?}");
+            assert!(at(p).erased_blocks[Cause::Gc as usize] > 0, "{s:?}");
+        }
+        assert_eq!(s.gc_read_pages(), s.gc_write_pages());
+        assert_eq!(s.rmw_read_pages(), 1);
+        assert_eq!(s.host_flash_read_pages(), 1);
+        assert_eq!(s.mapping_write_pages(), 0);
+        assert_eq!(
+            s.erases() % u64::from(g.superblock_dies),
+            0,
+            "a superblock erase is one block per die"
+        );
+        assert_eq!(
+            s.nand_write_pages(),
+            s.host_program_pages() + s.gc_write_pages() + s.mapping_write_pages()
+        );
+        assert_eq!(s.host_program_pages(), s.host_write_pages);
     }
 }

@@ -1,26 +1,18 @@
 //! Counters the FTL keeps; the report derives every ratio from them.
 
-use serde::Serialize;
+use crate::flash::{Cause, FlashCounts};
+use serde::ser::{Serialize, SerializeStruct, Serializer};
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+/// What the host asked of the FTL and what the FTL did. Flash work is counted once, by cause and
+/// placement, in `flash`; the page counts below it are views of that record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FtlStats {
     /// Pages the host asked to write (a partial page counts as one).
     pub host_write_pages: u64,
     pub host_read_pages: u64,
     pub host_trim_pages: u64,
-    /// Flash programs carrying host data (fewer than host writes when the buffer coalesces).
-    pub host_program_pages: u64,
-    /// Flash programs moving valid pages out of GC victims.
-    pub gc_write_pages: u64,
-    /// Flash programs of mapping-table pages (no mapping persistence is modelled yet: always 0).
-    pub mapping_write_pages: u64,
-    /// Flash page reads for host reads.
-    pub host_flash_read_pages: u64,
-    pub gc_read_pages: u64,
-    /// Reads of the old page for a partial-page write.
-    pub rmw_read_pages: u64,
-    /// Physical blocks erased.
-    pub erases: u64,
+    /// Every flash operation, by cause and placement (`Ftl::flash` records them).
+    pub flash: FlashCounts,
     /// Superblocks reclaimed by GC, in the background and with host writes waiting.
     pub gc_background: u64,
     pub gc_foreground: u64,
@@ -30,8 +22,56 @@ pub struct FtlStats {
 }
 
 impl FtlStats {
+    /// Counts for an FTL with `streams` placements.
+    pub fn new(streams: usize) -> Self {
+        Self {
+            flash: FlashCounts::new(streams),
+            ..Self::default()
+        }
+    }
+
+    /// Flash programs carrying host data (fewer than host writes when the buffer coalesces).
+    pub fn host_program_pages(&self) -> u64 {
+        self.flash.program_pages(Cause::Host)
+    }
+
+    /// Flash programs moving valid pages out of GC victims.
+    pub fn gc_write_pages(&self) -> u64 {
+        self.flash.program_pages(Cause::Gc)
+    }
+
+    /// Flash programs of mapping-table pages (no table persists itself yet: 0).
+    pub fn mapping_write_pages(&self) -> u64 {
+        self.flash.program_pages(Cause::Mapping)
+    }
+
+    /// Flash page reads for host reads.
+    pub fn host_flash_read_pages(&self) -> u64 {
+        self.flash.read_pages(Cause::Host)
+    }
+
+    pub fn gc_read_pages(&self) -> u64 {
+        self.flash.read_pages(Cause::Gc)
+    }
+
+    /// Reads of the old page for a partial-page write.
+    pub fn rmw_read_pages(&self) -> u64 {
+        self.flash.read_pages(Cause::ReadModifyWrite)
+    }
+
+    /// Physical blocks erased, for any cause.
+    pub fn erases(&self) -> u64 {
+        Cause::ALL
+            .iter()
+            .map(|&c| self.flash.erased_blocks(c))
+            .sum()
+    }
+
     pub fn nand_write_pages(&self) -> u64 {
-        self.host_program_pages + self.gc_write_pages + self.mapping_write_pages
+        Cause::ALL
+            .iter()
+            .map(|&c| self.flash.program_pages(c))
+            .sum()
     }
 
     /// Flash page programs per host page write; `None` when the host wrote nothing (a ratio
@@ -39,5 +79,34 @@ impl FtlStats {
     pub fn waf(&self) -> Option<f64> {
         (self.host_write_pages > 0)
             .then(|| self.nand_write_pages() as f64 / self.host_write_pages as f64)
+    }
+}
+
+/// The counters flat, named and ordered as the simulator's report names them (`serve --stats`
+/// writes this object as its `counters`).
+impl Serialize for FtlStats {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let fields: [(&'static str, u64); 15] = [
+            ("host_write_pages", self.host_write_pages),
+            ("host_read_pages", self.host_read_pages),
+            ("host_trim_pages", self.host_trim_pages),
+            ("host_program_pages", self.host_program_pages()),
+            ("gc_write_pages", self.gc_write_pages()),
+            ("mapping_write_pages", self.mapping_write_pages()),
+            ("host_flash_read_pages", self.host_flash_read_pages()),
+            ("gc_read_pages", self.gc_read_pages()),
+            ("rmw_read_pages", self.rmw_read_pages()),
+            ("erases", self.erases()),
+            ("gc_background", self.gc_background),
+            ("gc_foreground", self.gc_foreground),
+            ("buffer_coalesced_pages", self.buffer_coalesced_pages),
+            ("buffer_read_hits", self.buffer_read_hits),
+            ("flushes", self.flushes),
+        ];
+        let mut s = serializer.serialize_struct("FtlStats", fields.len())?;
+        for (name, value) in fields {
+            s.serialize_field(name, &value)?;
+        }
+        s.end()
     }
 }
