@@ -136,7 +136,7 @@ proptest! {
             prop_assert_eq!(ftl.lookup(lpn as u32).is_some(), oracle.contains(&lpn));
         }
         let s = ftl.stats();
-        prop_assert_eq!(s.nand_write_pages(), s.host_program_pages + s.gc_write_pages);
+        prop_assert_eq!(s.nand_write_pages(), s.host_program_pages() + s.gc_write_pages());
     }
 }
 
