@@ -10,6 +10,7 @@
 //! pages that do not shrink below `huge_bytes` are kept raw (zram's "huge" pages). Every stored
 //! page carries an xxh3 checksum of its stored bytes, seeded with its LPN, verified on read.
 
+pub mod backend;
 pub mod codec;
 pub mod content_class;
 mod page_table;
@@ -17,6 +18,7 @@ pub mod same_fill;
 pub mod slab;
 mod stream_copy;
 
+pub use backend::RecordBackend;
 use codec::{Codec, Dictionary, Encoding};
 use page_table::PageTable;
 use rayon::prelude::*;
@@ -171,9 +173,10 @@ impl Body {
     }
 }
 
-struct Shard {
+struct Shard<B> {
     entries: PageTable<Body>,
-    slabs: SlabAllocator,
+    /// The records' bytes.
+    slabs: B,
     compr_bytes: u64,
     same_pages: u64,
     huge_pages: u64,
@@ -181,7 +184,7 @@ struct Shard {
     auto_compact_above: Option<f64>,
 }
 
-impl Shard {
+impl<B: RecordBackend> Shard<B> {
     /// Every 1024 frees, compacts when the slabs hold too much beyond the compressed bytes: one
     /// slab per size class always stays part-filled, so that much is allowed on top.
     fn maybe_compact(&mut self) {
@@ -193,7 +196,7 @@ impl Shard {
         let Some(limit) = self.auto_compact_above else {
             return;
         };
-        let allowed = self.compr_bytes as f64 * (1.0 + limit) + self.slabs.tail_allowance() as f64;
+        let allowed = self.compr_bytes as f64 * (1.0 + limit) + self.slabs.slack_allowance() as f64;
         if self.slabs.bytes() as f64 > allowed {
             self.compact();
         }
@@ -201,7 +204,7 @@ impl Shard {
 
     fn compact(&mut self) -> usize {
         let Shard { entries, slabs, .. } = self;
-        slabs.compact(|lpn, handle| {
+        slabs.compact(&mut |lpn, handle| {
             if let Some(body) = entries.get_mut(lpn) {
                 body.slab = handle.slab;
                 body.object = handle.object;
@@ -236,7 +239,6 @@ impl Shard {
             // An overwrite whose bytes fit the old slot's size class reuses the slot: no free,
             // no alloc, one page-table lookup. (A sequential overwrite of incompressible pages
             // spent 9 % of its time freeing a slot and allocating one of the same class.)
-            let class = self.slabs.class_of(bytes.len()) as u16;
             let Shard {
                 entries,
                 slabs,
@@ -245,8 +247,7 @@ impl Shard {
                 ..
             } = self;
             if let Some(body) = entries.get_mut(lpn) {
-                if body.kind != Kind::Same && body.class == class {
-                    slabs.write(body.handle(), bytes);
+                if body.kind != Kind::Same && slabs.replace(body.handle(), bytes) {
                     *compr_bytes = *compr_bytes - u64::from(body.len) + bytes.len() as u64;
                     let (kind, dictionary) = kind_of(*encoding);
                     *huge_pages = *huge_pages - u64::from(body.kind == Kind::Raw)
@@ -278,8 +279,7 @@ impl Shard {
                 encoding,
                 checksum,
             } => {
-                let handle = self.slabs.alloc(bytes.len(), lpn);
-                self.slabs.write(handle, bytes);
+                let handle = self.slabs.put(lpn, bytes);
                 self.compr_bytes += bytes.len() as u64;
                 let (kind, dictionary) = kind_of(*encoding);
                 self.huge_pages += u64::from(kind == Kind::Raw);
@@ -351,9 +351,10 @@ const MIN_TRAINING_PAGES: usize = 8;
 /// none, and its pages stay plain zstd).
 const MIN_DICTIONARY_BYTES: usize = 4096;
 
-pub struct PageStore {
+/// The store, over a record backend (`B`; by default RAM, the slab arena).
+pub struct PageStore<B = SlabAllocator> {
     config: StoreConfig,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<Shard<B>>]>,
     shard_mask: u64,
     /// The dictionaries new pages are compressed with (zstd-dict), one per content class
     /// (`content_class`); a class without one is compressed without.
@@ -371,7 +372,15 @@ pub struct PageStore {
 static NEXT_DICTIONARY_ID: AtomicU32 = AtomicU32::new(1);
 
 impl PageStore {
+    /// A store keeping its records in RAM.
     pub fn new(config: StoreConfig) -> Result<Self, StoreError> {
+        Self::with_backend(config)
+    }
+}
+
+impl<B: RecordBackend> PageStore<B> {
+    /// A store keeping its records in backend `B`, one per shard.
+    pub fn with_backend(config: StoreConfig) -> Result<Self, StoreError> {
         if ![4096, 8192, 16384].contains(&config.page_bytes) {
             return Err(StoreError::Config(format!(
                 "page size {} (4096, 8192 or 16384)",
@@ -393,7 +402,7 @@ impl PageStore {
             .map(|shard| {
                 Mutex::new(Shard {
                     entries: PageTable::new(config.shards.trailing_zeros(), shard as u64),
-                    slabs: SlabAllocator::new(config.page_bytes),
+                    slabs: B::new(config.page_bytes),
                     compr_bytes: 0,
                     same_pages: 0,
                     huge_pages: 0,
@@ -422,7 +431,7 @@ impl PageStore {
     }
 
     /// Runs `f` on shard `index` under its lock, accounting the change in slab memory.
-    fn with_shard<R>(&self, index: usize, f: impl FnOnce(&mut Shard) -> R) -> R {
+    fn with_shard<R>(&self, index: usize, f: impl FnOnce(&mut Shard<B>) -> R) -> R {
         let mut shard = self.shards[index]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -464,7 +473,7 @@ impl PageStore {
         (lpn & self.shard_mask) as usize
     }
 
-    fn shard(&self, lpn: u64) -> std::sync::MutexGuard<'_, Shard> {
+    fn shard(&self, lpn: u64) -> std::sync::MutexGuard<'_, Shard<B>> {
         // Consecutive LPNs land in different shards, so a sequential stream spreads out.
         self.shards[(lpn & self.shard_mask) as usize]
             .lock()
@@ -613,7 +622,7 @@ impl PageStore {
             same_fill::fill(out, body.word_or_checksum);
             return Ok(());
         }
-        let stored = shard.slabs.slot(body.handle(), usize::from(body.len));
+        let stored = shard.slabs.get(body.handle(), usize::from(body.len));
         if checksum(stored, lpn) != body.word_or_checksum {
             return Err(StoreError::Corrupt { lpn });
         }
@@ -822,7 +831,7 @@ impl PageStore {
         if body.kind == Kind::Same {
             return false;
         }
-        shard.slabs.slot_mut(body.handle(), 1)[0] ^= 1;
+        shard.slabs.get_mut(body.handle(), 1)[0] ^= 1;
         true
     }
 
