@@ -98,7 +98,7 @@ impl MemoryEstimate {
 
     /// Refuses the device when it needs more than `available` (with what the host allows, if
     /// it can tell).
-    pub fn check(&self, available: Option<&Available>) -> Result<(), String> {
+    pub fn check(&self, available: Option<&Available>) -> Result<(), MemoryError> {
         let Some(available) = available else {
             return Ok(());
         };
@@ -111,16 +111,29 @@ impl MemoryEstimate {
             .filter(|p| p.bytes > 0)
             .map(|p| format!("{} {} ({})", p.name, binary_size(p.bytes), p.basis))
             .collect();
-        Err(format!(
-            "this device's FTL tables need about {} of memory, more than the {} available ({}): {}. \
-             Make the device smaller (flash.blocks_per_die, flash.pages_per_block, \
-             capacity.logical_bytes) or pick a smaller mapping table (ftl.mapping)",
-            binary_size(self.total_bytes),
-            binary_size(available.bytes),
-            available.source,
-            parts.join("; ")
-        ))
+        Err(MemoryError {
+            needed_bytes: self.total_bytes,
+            available: available.clone(),
+            parts: parts.join("; "),
+        })
     }
+}
+
+/// A device whose FTL tables would not fit in the memory the host allows.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error(
+    "this device's FTL tables need about {} of memory, more than the {} available ({}): \
+     {parts}. Make the device smaller (flash.blocks_per_die, flash.pages_per_block, \
+     capacity.logical_bytes) or pick a smaller mapping table (ftl.mapping)",
+    binary_size(*needed_bytes),
+    binary_size(available.bytes),
+    available.source
+)]
+pub struct MemoryError {
+    pub needed_bytes: u64,
+    pub available: Available,
+    /// Each table's share and its basis, for the message.
+    pub parts: String,
 }
 
 /// What the host lets this process allocate, and which limit says so.
@@ -257,7 +270,7 @@ mod tests {
             bytes: 4 << 30,
             source: "ulimit -v".into(),
         };
-        let e = estimate.check(Some(&available)).unwrap_err();
+        let e = estimate.check(Some(&available)).unwrap_err().to_string();
         assert!(e.contains("4.0 GiB available (ulimit -v)"), "{e}");
         assert!(
             e.contains("flash.blocks_per_die") && e.contains("ftl.mapping"),

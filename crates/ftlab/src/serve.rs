@@ -169,40 +169,33 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.handshake_timeout > 0.0,
         "--handshake-timeout must be a positive number of seconds"
     );
-    let device = Arc::new(
-        Device::new(
-            &config,
-            DeviceOptions {
-                export_name: args.export_name.clone(),
-                latency,
-                codec,
-                record: args.record.clone(),
-                record_format: args.record_format,
-                mem_limit_bytes: args.mem_limit,
-                limits: ConnectionLimits {
-                    max_inflight_bytes: args.max_inflight_bytes,
-                    handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
-                    idle_timeout: (args.idle_timeout > 0.0)
-                        .then(|| Duration::from_secs_f64(args.idle_timeout)),
-                },
-                read_only: args.read_only,
+    let device = Arc::new(Device::new(
+        &config,
+        DeviceOptions {
+            export_name: args.export_name.clone(),
+            latency,
+            codec,
+            record: args.record.clone(),
+            record_format: args.record_format,
+            mem_limit_bytes: args.mem_limit,
+            limits: ConnectionLimits {
+                max_inflight_bytes: args.max_inflight_bytes,
+                handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+                idle_timeout: (args.idle_timeout > 0.0)
+                    .then(|| Duration::from_secs_f64(args.idle_timeout)),
             },
-        )
-        .map_err(anyhow::Error::msg)?,
-    );
+            read_only: args.read_only,
+        },
+    )?);
     // Where the image is loaded from and saved to: a symbolic link's target, resolved once.
     let image = match &args.image {
         Some(path) => {
             let image = resolve_image(path)?;
             if !args.read_only {
-                device
-                    .check_image_writable(&image.path)
-                    .map_err(anyhow::Error::msg)?;
+                device.check_image_writable(&image.path)?;
             }
             if image.exists {
-                let pages = device
-                    .load_image(&image.path, args.grow_image)
-                    .map_err(anyhow::Error::msg)?;
+                let pages = device.load_image(&image.path, args.grow_image)?;
                 eprintln!(
                     "ftlab serve: loaded {pages} non-zero pages from {}",
                     image.path.display()
@@ -348,13 +341,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // Each step runs even if one before it failed: the image holds the clients' data.
     let mut failed = Vec::new();
     if let Err(e) = device.finish() {
-        failed.push(e);
+        failed.push(e.to_string());
     }
     // Read-only, nothing changed: the image is left as it was.
     if let Some(image) = image.as_ref().filter(|_| !args.read_only) {
         match device.save_image(image) {
             Ok(()) => eprintln!("ftlab serve: saved the device to {}", image.display()),
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     if let Some(path) = &args.stats {

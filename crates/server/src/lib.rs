@@ -220,29 +220,146 @@ fn store_errno(e: ftlab_store::StoreError) -> Errno {
     }
 }
 
+/// Why the device could not start, load, save or finish. Each names the file or option at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    Config(#[from] ftlab_core::config::ConfigError),
+    #[error(transparent)]
+    Memory(#[from] ftlab_core::memory::MemoryError),
+    #[error(transparent)]
+    Store(#[from] ftlab_store::StoreError),
+    #[error(transparent)]
+    Ftl(#[from] ftlab_core::ftl::FtlError),
+    #[error(
+        "--max-inflight-bytes {0}: must be at least {min} bytes (33M): one request of the \
+         largest size ({largest} bytes) must fit",
+        min = budget::MIN_INFLIGHT_BYTES,
+        largest = p::MAX_REQUEST_BYTES
+    )]
+    InflightBudget(u64),
+    // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
+    /// A file the device reads or writes (the image, the record file).
+    #[error("{}: {cause}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        cause: std::io::Error,
+    },
+    #[error(
+        "{}: {len} bytes, larger than the {export_bytes}-byte export (size the device with --set \
+         capacity.logical_bytes={len})",
+        path.display()
+    )]
+    ImageTooLarge {
+        path: std::path::PathBuf,
+        len: u64,
+        export_bytes: u64,
+    },
+    #[error(
+        "{}: {len} bytes, smaller than the {export_bytes}-byte export (a truncated image?); \
+         give --grow-image to take it with the rest read as zeros{}",
+        path.display(),
+        if *len > 0 {
+            format!(", or size the device with --set capacity.logical_bytes={len}")
+        } else {
+            String::new()
+        }
+    )]
+    ImageTooSmall {
+        path: std::path::PathBuf,
+        len: u64,
+        export_bytes: u64,
+    },
+    #[error("{}: {len} bytes, not a whole number of {page_bytes}-byte pages", path.display())]
+    ImageNotWholePages {
+        path: std::path::PathBuf,
+        len: u64,
+        page_bytes: usize,
+    },
+    #[error(
+        "--image: this process may write files of at most {limit_bytes} bytes (ulimit -f), and \
+         the image of this device takes {image_bytes} bytes"
+    )]
+    FileSizeLimit { limit_bytes: u64, image_bytes: u64 },
+    #[error("--image: cannot create {}: {cause}", tmp.display())]
+    CannotCreate {
+        tmp: std::path::PathBuf,
+        cause: std::io::Error,
+    },
+    /// The save could not write its temporary file: `path` keeps what it held.
+    #[error(
+        "{}: the device was not saved ({} left as it was{}): {what} {}: {cause}",
+        path.display(),
+        path.display(),
+        if *removed { format!(", the incomplete {} removed", tmp.display()) } else { String::new() },
+        tmp.display()
+    )]
+    NotSaved {
+        path: std::path::PathBuf,
+        tmp: std::path::PathBuf,
+        /// "creating" or "writing".
+        what: &'static str,
+        /// The incomplete temporary file was removed.
+        removed: bool,
+        cause: std::io::Error,
+    },
+    /// Pages that failed their checksums are zeros in the image, left at `tmp`.
+    #[error(
+        "{}: {} page(s) could not be read and are zeros in the image saved as {} ({} left as it \
+         was): {}",
+        path.display(),
+        unreadable.len(),
+        tmp.display(),
+        path.display(),
+        name_some(unreadable)
+    )]
+    Unreadable {
+        path: std::path::PathBuf,
+        tmp: std::path::PathBuf,
+        unreadable: Vec<ftlab_store::StoreError>,
+    },
+    #[error("record file: {0}")]
+    Record(String),
+    /// A request's execution panicked (a bug in ftlab): the model was left as it was.
+    #[error("the device failed: {why}{}", record.as_ref().map(|e| format!("; {e}")).unwrap_or_default())]
+    Failed {
+        why: String,
+        record: Option<Box<DeviceError>>,
+    },
+}
+
+/// The first 16 errors, and how many more.
+fn name_some(errors: &[ftlab_store::StoreError]) -> String {
+    const NAMED: usize = 16;
+    let mut named: Vec<String> = errors.iter().take(NAMED).map(|e| e.to_string()).collect();
+    if errors.len() > NAMED {
+        named.push(format!("and {} more", errors.len() - NAMED));
+    }
+    named.join("; ")
+}
+
 impl Device {
-    pub fn new(config: &Config, options: DeviceOptions) -> Result<Device, String> {
-        let geometry = config.geometry().map_err(|e| e.to_string())?;
+    pub fn new(config: &Config, options: DeviceOptions) -> Result<Device, DeviceError> {
+        let geometry = config.geometry()?;
         ftlab_core::memory::MemoryEstimate::of(config, &geometry)
             .check(ftlab_core::memory::available().as_ref())?;
         let page_bytes = geometry.page_size_bytes as usize;
         if options.limits.max_inflight_bytes < budget::MIN_INFLIGHT_BYTES {
-            return Err(format!(
-                "--max-inflight-bytes {}: must be at least {} bytes (33M): one request of the \
-                 largest size ({} bytes) must fit",
+            return Err(DeviceError::InflightBudget(
                 options.limits.max_inflight_bytes,
-                budget::MIN_INFLIGHT_BYTES,
-                p::MAX_REQUEST_BYTES
             ));
         }
         let inflight = budget::InflightBudget::new(options.limits.max_inflight_bytes);
         let mut store_config = StoreConfig::new(page_bytes, options.codec);
         store_config.mem_limit_bytes = options.mem_limit_bytes;
-        let store = PageStore::new(store_config).map_err(|e| e.to_string())?;
+        let store = PageStore::new(store_config)?;
         let record = match &options.record {
-            Some(path) => Some(BufWriter::new(
-                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
-            )),
+            Some(path) => Some(BufWriter::new(std::fs::File::create(path).map_err(
+                |cause| DeviceError::File {
+                    path: path.clone(),
+                    cause,
+                },
+            )?)),
             None => None,
         };
         Ok(Device {
@@ -314,38 +431,35 @@ impl Device {
     /// is taken and the pages past its end read as zeros. A truncated image is otherwise
     /// refused: its missing part would read as zeros and the next save would make that loss
     /// permanent.
-    pub fn load_image(&self, path: &std::path::Path, grow: bool) -> Result<u64, String> {
-        let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let len = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .len();
-        if len > self.size_bytes {
-            return Err(format!(
-                "{}: {len} bytes, larger than the {}-byte export (size the device with --set capacity.logical_bytes={len})",
-                path.display(),
-                self.size_bytes
-            ));
+    pub fn load_image(&self, path: &std::path::Path, grow: bool) -> Result<u64, DeviceError> {
+        let in_file = |cause| DeviceError::File {
+            path: path.to_path_buf(),
+            cause,
+        };
+        let mut file = std::fs::File::open(path).map_err(in_file)?;
+        let len = file.metadata().map_err(in_file)?.len();
+        let path = path.to_path_buf();
+        let export_bytes = self.size_bytes;
+        if len > export_bytes {
+            return Err(DeviceError::ImageTooLarge {
+                path,
+                len,
+                export_bytes,
+            });
         }
-        if len < self.size_bytes && !grow {
-            return Err(format!(
-                "{}: {len} bytes, smaller than the {}-byte export (a truncated image?); \
-                 give --grow-image to take it with the rest read as zeros{}",
-                path.display(),
-                self.size_bytes,
-                if len > 0 {
-                    format!(", or size the device with --set capacity.logical_bytes={len}")
-                } else {
-                    String::new()
-                }
-            ));
+        if len < export_bytes && !grow {
+            return Err(DeviceError::ImageTooSmall {
+                path,
+                len,
+                export_bytes,
+            });
         }
         if len % self.page_bytes as u64 != 0 {
-            return Err(format!(
-                "{}: {len} bytes, not a whole number of {}-byte pages",
-                path.display(),
-                self.page_bytes
-            ));
+            return Err(DeviceError::ImageNotWholePages {
+                path,
+                len,
+                page_bytes: self.page_bytes,
+            });
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let chunk_pages = 256;
@@ -356,14 +470,16 @@ impl Device {
         while lpn < total {
             let n = (total - lpn).min(chunk_pages as u64) as usize;
             let bytes = &mut buf[..n * self.page_bytes];
-            file.read_exact(bytes)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            file.read_exact(bytes).map_err(|cause| DeviceError::File {
+                path: path.clone(),
+                cause,
+            })?;
             for (i, page) in bytes.chunks(self.page_bytes).enumerate() {
                 if page.iter().all(|&b| b == 0) {
                     continue;
                 }
                 let l = lpn + i as u64;
-                self.store.write(l, page).map_err(|e| e.to_string())?;
+                self.store.write(l, page)?;
                 let request = FtlRequest {
                     arrival_ns: 0,
                     op: Op::Write,
@@ -371,7 +487,7 @@ impl Device {
                     length_bytes: self.page_bytes as u64,
                     stream: 0,
                 };
-                state.ftl.submit(&request, 0).map_err(|e| e.to_string())?;
+                state.ftl.submit(&request, 0)?;
                 loaded += 1;
             }
             lpn += n as u64;
@@ -420,7 +536,7 @@ impl Device {
     /// size (the process's file-size limit, `ulimit -f`, allows it): checked at start, so a
     /// mistyped directory or a low limit is reported before clients write data that could not
     /// be saved.
-    pub fn check_image_writable(&self, path: &std::path::Path) -> Result<(), String> {
+    pub fn check_image_writable(&self, path: &std::path::Path) -> Result<(), DeviceError> {
         #[cfg(target_os = "linux")]
         {
             let mut limit = libc::rlimit {
@@ -430,11 +546,10 @@ impl Device {
             // SAFETY: getrlimit(2) writes the struct it is given.
             let ok = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0;
             if ok && limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < self.size_bytes {
-                return Err(format!(
-                    "--image: this process may write files of at most {} bytes (ulimit -f), \
-                     and the image of this device takes {} bytes",
-                    limit.rlim_cur, self.size_bytes
-                ));
+                return Err(DeviceError::FileSizeLimit {
+                    limit_bytes: limit.rlim_cur,
+                    image_bytes: self.size_bytes,
+                });
             }
         }
         let tmp = tmp_path_beside(path);
@@ -443,7 +558,10 @@ impl Device {
             .append(true)
             .create(true)
             .open(&tmp)
-            .map_err(|e| format!("--image: cannot create {}: {e}", tmp.display()))?;
+            .map_err(|cause| DeviceError::CannotCreate {
+                tmp: tmp.clone(),
+                cause,
+            })?;
         if !existed {
             let _ = std::fs::remove_file(&tmp);
         }
@@ -458,51 +576,34 @@ impl Device {
     ///
     /// A write that fails (a full disk) removes the incomplete `PATH.tmp` and says so; `path`
     /// keeps what it held.
-    pub fn save_image(&self, path: &std::path::Path) -> Result<(), String> {
+    pub fn save_image(&self, path: &std::path::Path) -> Result<(), DeviceError> {
         let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let tmp = tmp_path_beside(path);
-        let not_saved = |e: std::io::Error| {
-            format!(
-                "{}: the device was not saved ({} left as it was): creating {}: {e}",
-                path.display(),
-                path.display(),
-                tmp.display()
-            )
+        let not_saved = |what, removed, cause| DeviceError::NotSaved {
+            path: path.to_path_buf(),
+            tmp: tmp.clone(),
+            what,
+            removed,
+            cause,
         };
         // Only a file this save created is removed when it fails.
-        let file = std::fs::File::create(&tmp).map_err(not_saved)?;
+        let file = std::fs::File::create(&tmp).map_err(|e| not_saved("creating", false, e))?;
         let mut unreadable = Vec::new();
-        if let Err(e) = self.write_image(file, &tmp, &mut unreadable) {
+        if let Err(e) = self.write_image(file, &mut unreadable) {
             let _ = std::fs::remove_file(&tmp);
-            return Err(format!(
-                "{}: the device was not saved ({} left as it was, the incomplete {} removed): {e}",
-                path.display(),
-                path.display(),
-                tmp.display()
-            ));
+            return Err(not_saved("writing", true, e));
         }
         if !unreadable.is_empty() {
-            const NAMED: usize = 16;
-            let mut named: Vec<String> = unreadable
-                .iter()
-                .take(NAMED)
-                .map(|e| e.to_string())
-                .collect();
-            if unreadable.len() > NAMED {
-                named.push(format!("and {} more", unreadable.len() - NAMED));
-            }
-            return Err(format!(
-                "{}: {} page(s) could not be read and are zeros in the image saved as {} \
-                 ({} left as it was): {}",
-                path.display(),
-                unreadable.len(),
-                tmp.display(),
-                path.display(),
-                named.join("; ")
-            ));
+            return Err(DeviceError::Unreadable {
+                path: path.to_path_buf(),
+                tmp,
+                unreadable,
+            });
         }
-        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(())
+        std::fs::rename(&tmp, path).map_err(|cause| DeviceError::File {
+            path: path.to_path_buf(),
+            cause,
+        })
     }
 
     /// Writes every readable page to `file` (at `tmp`); pages that fail their checksum are collected in
@@ -510,12 +611,10 @@ impl Device {
     fn write_image(
         &self,
         mut file: std::fs::File,
-        tmp: &std::path::Path,
         unreadable: &mut Vec<ftlab_store::StoreError>,
-    ) -> Result<(), String> {
+    ) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
-        let in_tmp = |e: std::io::Error| format!("writing {}: {e}", tmp.display());
-        file.set_len(self.size_bytes).map_err(in_tmp)?;
+        file.set_len(self.size_bytes)?;
         let mut page = vec![0u8; self.page_bytes];
         for lpn in 0..self.size_bytes / self.page_bytes as u64 {
             if let Err(e) = self.store.read(lpn, &mut page) {
@@ -525,11 +624,10 @@ impl Device {
             }
             if page.iter().any(|&b| b != 0) {
                 file.seek(SeekFrom::Start(lpn * self.page_bytes as u64))
-                    .and_then(|_| file.write_all(&page))
-                    .map_err(in_tmp)?;
+                    .and_then(|_| file.write_all(&page))?;
             }
         }
-        file.sync_all().map_err(in_tmp)
+        file.sync_all()
     }
 
     /// Flips a bit of page `lpn`'s stored bytes, to test how corruption is handled. Returns
@@ -641,7 +739,7 @@ impl Device {
     ///
     /// After a failure (`failure`) the model is left as the panic left it, not drained, and
     /// the failure is the error.
-    pub fn finish(&self) -> Result<(), String> {
+    pub fn finish(&self) -> Result<(), DeviceError> {
         let now = self.now_ns();
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if self.failure().is_none() {
@@ -649,13 +747,15 @@ impl Device {
         }
         let s = &mut *s;
         let record = match (&s.record_error, &mut s.record) {
-            (Some(e), _) => Err(format!("record file: {e}")),
-            (None, Some(w)) => w.flush().map_err(|e| format!("record file: {e}")),
+            (Some(e), _) => Err(DeviceError::Record(e.clone())),
+            (None, Some(w)) => w.flush().map_err(|e| DeviceError::Record(e.to_string())),
             (None, None) => Ok(()),
         };
         match (self.failure(), record) {
-            (Some(why), Err(e)) => Err(format!("the device failed: {why}; {e}")),
-            (Some(why), Ok(())) => Err(format!("the device failed: {why}")),
+            (Some(why), record) => Err(DeviceError::Failed {
+                why: why.to_string(),
+                record: record.err().map(Box::new),
+            }),
             (None, record) => record,
         }
     }
@@ -860,7 +960,51 @@ impl Device {
     }
 }
 
-fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), String> {
+/// Why a connection ended other than in order (a client's fault, or its socket's). The server
+/// logs it and closes the connection; the device is not harmed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error(transparent)]
+    Protocol(#[from] p::ProtocolError),
+    #[error("client does not speak fixed newstyle")]
+    NotFixedNewstyle,
+    #[error("option {option} of {length} bytes (at most {max})", max = p::MAX_OPTION_BYTES)]
+    OptionTooLong { option: u32, length: u32 },
+    #[error("unknown export `{0}`")]
+    UnknownExport(String),
+    #[error("write of {0} bytes (at most {max}): cannot stay in sync", max = p::MAX_REQUEST_BYTES)]
+    WriteTooLong(u32),
+    #[error(
+        "the client sent no {what} in the time allowed (the handshake deadline, or --idle-timeout)"
+    )]
+    ReadTimeout { what: &'static str },
+    // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
+    #[error("reading {what}: {cause}")]
+    Read {
+        what: &'static str,
+        cause: std::io::Error,
+    },
+    #[error("the client read none of its replies for {} s; disconnected", REPLY_STALL.as_secs())]
+    ReplyStall,
+    #[error("writing: {cause}")]
+    Write { cause: std::io::Error },
+    #[error("handshake not finished within {seconds} s: {cause}")]
+    HandshakeDeadline {
+        seconds: f64,
+        cause: Box<ConnectionError>,
+    },
+    #[error("setting the idle timeout: {0}")]
+    IdleTimeout(std::io::Error),
+    /// The thread that writes delayed replies (latency emulation) stopped or panicked.
+    #[error("reply writer {0}")]
+    ReplyWriter(&'static str),
+}
+
+fn read_exact<R: Read>(
+    r: &mut R,
+    buf: &mut [u8],
+    what: &'static str,
+) -> Result<(), ConnectionError> {
     r.read_exact(buf).map_err(|e| read_error(e, what))
 }
 
@@ -872,25 +1016,24 @@ fn timed_out(e: &std::io::Error) -> bool {
     )
 }
 
-fn read_error(e: std::io::Error, what: &str) -> String {
-    if timed_out(&e) {
-        format!("the client sent no {what} in the time allowed (the handshake deadline, or --idle-timeout)")
+fn read_error(cause: std::io::Error, what: &'static str) -> ConnectionError {
+    if timed_out(&cause) {
+        ConnectionError::ReadTimeout { what }
     } else {
-        format!("reading {what}: {e}")
+        ConnectionError::Read { what, cause }
     }
 }
 
-fn send<W: Write>(w: &mut W, bytes: &[u8]) -> Result<(), String> {
-    w.write_all(bytes).map_err(|e| {
-        if timed_out(&e) {
-            format!(
-                "the client read none of its replies for {} s; disconnected",
-                REPLY_STALL.as_secs()
-            )
-        } else {
-            format!("writing: {e}")
-        }
-    })
+fn write_error(cause: std::io::Error) -> ConnectionError {
+    if timed_out(&cause) {
+        ConnectionError::ReplyStall
+    } else {
+        ConnectionError::Write { cause }
+    }
+}
+
+fn send<W: Write>(w: &mut W, bytes: &[u8]) -> Result<(), ConnectionError> {
+    w.write_all(bytes).map_err(write_error)
 }
 
 /// Serves one client from handshake to disconnect. `Ok` for an orderly end (ABORT, DISC or
@@ -900,7 +1043,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     device: &Device,
     reader: R,
     writer: W,
-) -> Result<(), String> {
+) -> Result<(), ConnectionError> {
     let limits = device.options.limits;
     // Every read of the handshake waits at most until its deadline: a client that connects and
     // sends nothing, or half an option, holds a thread only that long.
@@ -915,10 +1058,10 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     let share = budget::ConnectionShare::default();
     let handshake = handshake(device, &mut r, &mut w).map_err(|e| {
         if r.get_ref().deadline.is_some_and(|d| Instant::now() >= d) {
-            format!(
-                "handshake not finished within {} s: {e}",
-                limits.handshake_timeout.as_secs_f64()
-            )
+            ConnectionError::HandshakeDeadline {
+                seconds: limits.handshake_timeout.as_secs_f64(),
+                cause: Box::new(e),
+            }
         } else {
             e
         }
@@ -932,7 +1075,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     r.get_ref()
         .inner
         .set_read_timeout(limits.idle_timeout)
-        .map_err(|e| format!("setting the idle timeout: {e}"))?;
+        .map_err(ConnectionError::IdleTimeout)?;
     // Transmission: replies leave at once, or (latency emulation) when their simulated
     // completion is due, from a writer thread, so requests in flight overlap as on a device.
     if device.options.latency == Latency::None {
@@ -953,7 +1096,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
                 // executing leaves with that one's (a send wakes the client: one per burst, not
                 // per reply). Counted under the writer's lock, so no reply is left unflushed.
                 if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    w.flush().map_err(|e| e.to_string())?;
+                    w.flush().map_err(write_error)?;
                     device.replied(unflushed.drain(..));
                 }
                 Ok(())
@@ -977,13 +1120,13 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
                         timing,
                         _charge: charge,
                     })
-                    .map_err(|_| "reply writer stopped".to_string())
+                    .map_err(|_| ConnectionError::ReplyWriter("stopped"))
                 },
             );
             drop(tx);
             let written = writer
                 .join()
-                .unwrap_or_else(|_| Err("reply writer panicked".into()));
+                .unwrap_or(Err(ConnectionError::ReplyWriter("panicked")));
             result.and(written)
         })
     }
@@ -995,14 +1138,14 @@ fn handshake<R: Read, W: Write>(
     device: &Device,
     r: &mut BufReader<R>,
     w: &mut BufWriter<W>,
-) -> Result<Option<Negotiated>, String> {
+) -> Result<Option<Negotiated>, ConnectionError> {
     send(w, &p::greeting())?;
-    w.flush().map_err(|e| e.to_string())?;
+    w.flush().map_err(write_error)?;
     let mut flags = [0u8; 4];
     read_exact(r, &mut flags, "client flags")?;
     let client_flags = u32::from_be_bytes(flags);
     if client_flags & p::CLIENT_FIXED_NEWSTYLE == 0 {
-        return Err("client does not speak fixed newstyle".into());
+        return Err(ConnectionError::NotFixedNewstyle);
     }
     let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
     let mut structured = false;
@@ -1014,12 +1157,10 @@ fn handshake<R: Read, W: Write>(
         read_exact(r, &mut h, "option header")?;
         let header = p::parse_option_header(&h)?;
         if header.length > p::MAX_OPTION_BYTES {
-            return Err(format!(
-                "option {} of {} bytes (at most {})",
-                header.option,
-                header.length,
-                p::MAX_OPTION_BYTES
-            ));
+            return Err(ConnectionError::OptionTooLong {
+                option: header.option,
+                length: header.length,
+            });
         }
         let mut data = vec![0u8; header.length as usize];
         read_exact(r, &mut data, "option data")?;
@@ -1027,7 +1168,7 @@ fn handshake<R: Read, W: Write>(
             p::OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
                 if !name_ok(&name) {
-                    return Err(format!("unknown export `{name}`"));
+                    return Err(ConnectionError::UnknownExport(name.into_owned()));
                 }
                 send(w, &device.size_bytes.to_be_bytes())?;
                 send(w, &device.transmission_flags(structured).to_be_bytes())?;
@@ -1038,7 +1179,7 @@ fn handshake<R: Read, W: Write>(
             }
             p::OPT_ABORT => {
                 send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
-                w.flush().map_err(|e| e.to_string())?;
+                w.flush().map_err(write_error)?;
                 return Ok(None);
             }
             p::OPT_LIST => {
@@ -1075,7 +1216,11 @@ fn handshake<R: Read, W: Write>(
                 match p::parse_meta_context(&data) {
                     Err(e) => send(
                         w,
-                        &p::option_reply(header.option, p::REP_ERR_INVALID, e.as_bytes()),
+                        &p::option_reply(
+                            header.option,
+                            p::REP_ERR_INVALID,
+                            e.to_string().as_bytes(),
+                        ),
                     )?,
                     // Block status replies are structured: the spec asks for them first.
                     Ok(_) if !structured => send(
@@ -1122,7 +1267,7 @@ fn handshake<R: Read, W: Write>(
             p::OPT_INFO | p::OPT_GO => match p::parse_go(&data) {
                 Err(e) => send(
                     w,
-                    &p::option_reply(header.option, p::REP_ERR_INVALID, e.as_bytes()),
+                    &p::option_reply(header.option, p::REP_ERR_INVALID, e.to_string().as_bytes()),
                 )?,
                 Ok(go) if !name_ok(&go.name) => send(
                     w,
@@ -1151,9 +1296,9 @@ fn handshake<R: Read, W: Write>(
                 &p::option_reply(header.option, p::REP_ERR_UNSUP, b"not supported by ftlab"),
             )?,
         }
-        w.flush().map_err(|e| e.to_string())?;
+        w.flush().map_err(write_error)?;
     }
-    w.flush().map_err(|e| e.to_string())?;
+    w.flush().map_err(write_error)?;
     Ok(Some(Negotiated {
         structured,
         allocation,
@@ -1218,14 +1363,20 @@ fn transmission<'d, R: Incoming + Send>(
     share: &'d budget::ConnectionShare,
     negotiated: Negotiated,
     r: &mut BufReader<R>,
-    deliver: impl Fn(Vec<u8>, Duration, Timing, &AtomicUsize, budget::Charge<'d>) -> Result<(), String>
+    deliver: impl Fn(
+            Vec<u8>,
+            Duration,
+            Timing,
+            &AtomicUsize,
+            budget::Charge<'d>,
+        ) -> Result<(), ConnectionError>
         + Sync,
-) -> Result<(), String> {
+) -> Result<(), ConnectionError> {
     // (reader, done, requests read alone in a row).
     let reader = Mutex::new((r, false, 0u32));
     let in_flight = AtomicUsize::new(0);
-    let failed: Mutex<Option<String>> = Mutex::new(None);
-    let fail = |e: String| {
+    let failed: Mutex<Option<ConnectionError>> = Mutex::new(None);
+    let fail = |e: ConnectionError| {
         failed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -1313,7 +1464,7 @@ fn read_request<'d, R: Read>(
     payload: &mut Vec<u8>,
     budget: &'d budget::InflightBudget,
     share: &'d budget::ConnectionShare,
-) -> Result<Option<(p::Request, budget::Charge<'d>)>, String> {
+) -> Result<Option<(p::Request, budget::Charge<'d>)>, ConnectionError> {
     let mut h = [0u8; 28];
     match r.read_exact(&mut h) {
         Ok(()) => {}
@@ -1324,11 +1475,7 @@ fn read_request<'d, R: Read>(
     let data_bytes = match request.command {
         p::CMD_DISC => return Ok(None),
         p::CMD_WRITE if request.length > p::MAX_REQUEST_BYTES => {
-            return Err(format!(
-                "write of {} bytes (at most {}): cannot stay in sync",
-                request.length,
-                p::MAX_REQUEST_BYTES
-            ))
+            return Err(ConnectionError::WriteTooLong(request.length))
         }
         p::CMD_WRITE => request.length,
         // A longer read is refused, with no data.
@@ -1530,7 +1677,7 @@ fn deliver_when_due<W: Write>(
     device: &Device,
     rx: std::sync::mpsc::Receiver<Due<'_>>,
     mut w: BufWriter<W>,
-) -> Result<(), String> {
+) -> Result<(), ConnectionError> {
     use std::cmp::Reverse;
     use std::sync::mpsc::RecvTimeoutError;
     let mut due: std::collections::BinaryHeap<Reverse<Due>> = std::collections::BinaryHeap::new();
@@ -1546,7 +1693,7 @@ fn deliver_when_due<W: Write>(
             drop(d);
         }
         if !written.is_empty() {
-            w.flush().map_err(|e| e.to_string())?;
+            w.flush().map_err(write_error)?;
             device.replied(written.drain(..));
         }
         let next = due

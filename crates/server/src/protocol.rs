@@ -107,6 +107,29 @@ pub fn greeting() -> [u8; 18] {
     g
 }
 
+/// What is wrong with bytes a client sent (a violation of the protocol: the connection ends).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("option magic {0:#x} is not IHAVEOPT")]
+    OptionMagic(u64),
+    #[error("request magic {0:#x} is not {REQUEST_MAGIC:#x}")]
+    RequestMagic(u32),
+    /// Option data shorter than its fields say.
+    #[error("option data ends at byte {len} of {needed}")]
+    Truncated { len: usize, needed: usize },
+    /// Option data longer than its fields.
+    #[error("option data is {len} bytes, its fields {fields}")]
+    TrailingBytes { len: usize, fields: usize },
+    #[error("export name of {0} bytes (at most 4096)")]
+    NameTooLong(usize),
+    #[error("export name is not UTF-8")]
+    NameNotUtf8,
+    #[error("a query of {0} bytes (at most 4096)")]
+    QueryTooLong(usize),
+    #[error("a query is not UTF-8")]
+    QueryNotUtf8,
+}
+
 /// An option header: IHAVEOPT, option, length.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OptionHeader {
@@ -114,10 +137,10 @@ pub struct OptionHeader {
     pub length: u32,
 }
 
-pub fn parse_option_header(b: &[u8; 16]) -> Result<OptionHeader, String> {
+pub fn parse_option_header(b: &[u8; 16]) -> Result<OptionHeader, ProtocolError> {
     let magic = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
     if magic != IHAVEOPT {
-        return Err(format!("option magic {magic:#x} is not IHAVEOPT"));
+        return Err(ProtocolError::OptionMagic(magic));
     }
     Ok(OptionHeader {
         option: u32::from_be_bytes(b[8..12].try_into().expect("4 bytes")),
@@ -143,17 +166,19 @@ pub struct GoRequest {
     pub info_requests: Vec<u16>,
 }
 
-pub fn parse_go(data: &[u8]) -> Result<GoRequest, String> {
-    let take = |at: usize, n: usize| -> Result<&[u8], String> {
-        data.get(at..at + n)
-            .ok_or_else(|| format!("option data ends at byte {} of {}", data.len(), at + n))
+pub fn parse_go(data: &[u8]) -> Result<GoRequest, ProtocolError> {
+    let take = |at: usize, n: usize| -> Result<&[u8], ProtocolError> {
+        data.get(at..at + n).ok_or(ProtocolError::Truncated {
+            len: data.len(),
+            needed: at + n,
+        })
     };
     let name_len = u32::from_be_bytes(take(0, 4)?.try_into().expect("4 bytes")) as usize;
     if name_len > 4096 {
-        return Err(format!("export name of {name_len} bytes (at most 4096)"));
+        return Err(ProtocolError::NameTooLong(name_len));
     }
     let name = std::str::from_utf8(take(4, name_len)?)
-        .map_err(|_| "export name is not UTF-8".to_string())?
+        .map_err(|_| ProtocolError::NameNotUtf8)?
         .to_string();
     let n = u16::from_be_bytes(take(4 + name_len, 2)?.try_into().expect("2 bytes")) as usize;
     let mut info_requests = Vec::with_capacity(n);
@@ -164,11 +189,10 @@ pub fn parse_go(data: &[u8]) -> Result<GoRequest, String> {
         ));
     }
     if data.len() != 6 + name_len + 2 * n {
-        return Err(format!(
-            "option data is {} bytes, its fields {}",
-            data.len(),
-            6 + name_len + 2 * n
-        ));
+        return Err(ProtocolError::TrailingBytes {
+            len: data.len(),
+            fields: 6 + name_len + 2 * n,
+        });
     }
     Ok(GoRequest {
         name,
@@ -183,22 +207,25 @@ pub struct MetaContextRequest {
     pub queries: Vec<String>,
 }
 
-pub fn parse_meta_context(data: &[u8]) -> Result<MetaContextRequest, String> {
+pub fn parse_meta_context(data: &[u8]) -> Result<MetaContextRequest, ProtocolError> {
     let mut at = 0usize;
-    let mut take = |n: usize| -> Result<&[u8], String> {
+    let mut take = |n: usize| -> Result<&[u8], ProtocolError> {
         let bytes = data
             .get(at..at.saturating_add(n))
-            .ok_or_else(|| format!("option data ends at byte {} of {}", data.len(), at + n))?;
+            .ok_or(ProtocolError::Truncated {
+                len: data.len(),
+                needed: at + n,
+            })?;
         at += n;
         Ok(bytes)
     };
     let u32_at = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize;
     let name_len = u32_at(take(4)?);
     if name_len > 4096 {
-        return Err(format!("export name of {name_len} bytes (at most 4096)"));
+        return Err(ProtocolError::NameTooLong(name_len));
     }
     let name = std::str::from_utf8(take(name_len)?)
-        .map_err(|_| "export name is not UTF-8".to_string())?
+        .map_err(|_| ProtocolError::NameNotUtf8)?
         .to_string();
     let n = u32_at(take(4)?);
     // Each query takes 4 bytes at least, so the option's bounded length bounds them.
@@ -206,17 +233,16 @@ pub fn parse_meta_context(data: &[u8]) -> Result<MetaContextRequest, String> {
     for _ in 0..n {
         let len = u32_at(take(4)?);
         if len > 4096 {
-            return Err(format!("a query of {len} bytes (at most 4096)"));
+            return Err(ProtocolError::QueryTooLong(len));
         }
-        let query =
-            std::str::from_utf8(take(len)?).map_err(|_| "a query is not UTF-8".to_string())?;
+        let query = std::str::from_utf8(take(len)?).map_err(|_| ProtocolError::QueryNotUtf8)?;
         queries.push(query.to_string());
     }
     if at != data.len() {
-        return Err(format!(
-            "option data is {} bytes, its fields {at}",
-            data.len()
-        ));
+        return Err(ProtocolError::TrailingBytes {
+            len: data.len(),
+            fields: at,
+        });
     }
     Ok(MetaContextRequest { name, queries })
 }
@@ -261,12 +287,10 @@ pub struct Request {
     pub length: u32,
 }
 
-pub fn parse_request(b: &[u8; 28]) -> Result<Request, String> {
+pub fn parse_request(b: &[u8; 28]) -> Result<Request, ProtocolError> {
     let magic = u32::from_be_bytes(b[..4].try_into().expect("4 bytes"));
     if magic != REQUEST_MAGIC {
-        return Err(format!(
-            "request magic {magic:#x} is not {REQUEST_MAGIC:#x}"
-        ));
+        return Err(ProtocolError::RequestMagic(magic));
     }
     Ok(Request {
         flags: u16::from_be_bytes(b[4..6].try_into().expect("2 bytes")),
@@ -351,6 +375,6 @@ mod tests {
             (CMD_WRITE, 7, 4096, 512)
         );
         b[0] = 0;
-        assert!(parse_request(&b).unwrap_err().contains("magic"));
+        assert!(parse_request(&b).unwrap_err().to_string().contains("magic"));
     }
 }

@@ -30,9 +30,9 @@ pub enum SimError {
     #[error("{location}: {cause}")]
     Request { location: String, cause: FtlError },
     #[error("workload: {0}")]
-    Workload(String),
-    #[error("{0}")]
-    Memory(String),
+    Workload(ftlab_core::config::ConfigError),
+    #[error(transparent)]
+    Memory(#[from] ftlab_core::memory::MemoryError),
 }
 
 /// What the driver reports while it runs (for a progress bar).
@@ -85,8 +85,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report
     // Before the first table is allocated: a device too large for the host is an error naming
     // its keys, not an abort on a failed allocation.
     ftlab_core::memory::MemoryEstimate::of(config, &geometry)
-        .check(ftlab_core::memory::available().as_ref())
-        .map_err(SimError::Memory)?;
+        .check(ftlab_core::memory::available().as_ref())?;
     ConfiguredFtl::new(config, &geometry).visit(Simulate { config, progress })
 }
 

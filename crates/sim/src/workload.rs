@@ -4,7 +4,7 @@
 //! Offsets of page-sized and larger requests are aligned to the request size (as fio's `bs`
 //! alignment); JESD219's sub-4 KiB transfers are 512-byte aligned and become read-modify-writes.
 
-use ftlab_core::config::{GeneratorKind, WorkloadConfig};
+use ftlab_core::config::{ConfigError, GeneratorKind, WorkloadConfig};
 use ftlab_core::request::{Op, Request};
 use ftlab_core::rng::{Range, SplitMix64};
 
@@ -112,8 +112,8 @@ pub struct Generator {
 }
 
 impl Generator {
-    pub fn new(w: &WorkloadConfig, logical_bytes: u64) -> Result<Self, String> {
-        let kind = w.generator().map_err(|e| e.to_string())?;
+    pub fn new(w: &WorkloadConfig, logical_bytes: u64) -> Result<Self, ConfigError> {
+        let kind = w.generator()?;
         let span_bytes = if w.span_bytes == 0 {
             logical_bytes
         } else {

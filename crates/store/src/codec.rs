@@ -85,6 +85,25 @@ thread_local! {
     });
 }
 
+/// What a codec could not do. The libraries' own errors are kept as their messages: the store's
+/// errors compare equal in tests, and io::Error does not.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("{0}")]
+    Lz4(String),
+    #[error("{0}")]
+    Zstd(String),
+    /// A page names a dictionary the store no longer holds.
+    #[error("dictionary {0} is gone")]
+    DictionaryGone(u32),
+    #[error("decoded {decoded} bytes, expected {expected}")]
+    Length { decoded: usize, expected: usize },
+}
+
+fn zstd_error(e: std::io::Error) -> CodecError {
+    CodecError::Zstd(e.to_string())
+}
+
 /// Compresses `page` into the front of `out`, which is grown (never shrunk, so a reused buffer
 /// is not cleared page after page). Returns the encoding and the compressed length.
 pub fn compress(
@@ -92,7 +111,7 @@ pub fn compress(
     dictionary: Option<&Arc<Dictionary>>,
     page: &[u8],
     out: &mut Vec<u8>,
-) -> Result<(Encoding, usize), String> {
+) -> Result<(Encoding, usize), CodecError> {
     match codec {
         Codec::Lz4 => {
             let bound = lz4_flex::block::get_maximum_output_size(page.len());
@@ -100,7 +119,7 @@ pub fn compress(
                 out.resize(bound, 0);
             }
             let n = lz4_flex::block::compress_into(page, &mut out[..bound])
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| CodecError::Lz4(e.to_string()))?;
             Ok((Encoding::Lz4, n))
         }
         Codec::Zstd { level } | Codec::ZstdDict { level } => {
@@ -112,13 +131,13 @@ pub fn compress(
             if out.len() < bound {
                 out.resize(bound, 0);
             }
-            let n = CODECS.with(|c| -> Result<usize, String> {
+            let n = CODECS.with(|c| -> Result<usize, CodecError> {
                 let mut c = c.borrow_mut();
                 let compressor = match dict {
                     None => match c.zstd.entry(level) {
                         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                         std::collections::hash_map::Entry::Vacant(v) => {
-                            v.insert(zstd::bulk::Compressor::new(level).map_err(|e| e.to_string())?)
+                            v.insert(zstd::bulk::Compressor::new(level).map_err(zstd_error)?)
                         }
                     },
                     Some(d) => {
@@ -130,14 +149,14 @@ pub fn compress(
                             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                             std::collections::hash_map::Entry::Vacant(v) => v.insert(
                                 zstd::bulk::Compressor::with_dictionary(level, &d.bytes)
-                                    .map_err(|e| e.to_string())?,
+                                    .map_err(zstd_error)?,
                             ),
                         }
                     }
                 };
                 compressor
                     .compress_to_buffer(page, &mut out[..bound])
-                    .map_err(|e| e.to_string())
+                    .map_err(zstd_error)
             })?;
             let encoding = match dict {
                 Some(d) => Encoding::ZstdDict(d.id),
@@ -154,23 +173,22 @@ pub fn decompress(
     dictionaries: &dyn Fn(u32) -> Option<Arc<Dictionary>>,
     stored: &[u8],
     out: &mut [u8],
-) -> Result<(), String> {
+) -> Result<(), CodecError> {
     let n = match encoding {
-        Encoding::Lz4 => {
-            lz4_flex::block::decompress_into(stored, out).map_err(|e| e.to_string())?
-        }
-        Encoding::Zstd => CODECS.with(|c| -> Result<usize, String> {
+        Encoding::Lz4 => lz4_flex::block::decompress_into(stored, out)
+            .map_err(|e| CodecError::Lz4(e.to_string()))?,
+        Encoding::Zstd => CODECS.with(|c| -> Result<usize, CodecError> {
             let mut c = c.borrow_mut();
             if c.unzstd.is_none() {
-                c.unzstd = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
+                c.unzstd = Some(zstd::bulk::Decompressor::new().map_err(zstd_error)?);
             }
             c.unzstd
                 .as_mut()
                 .expect("set above")
                 .decompress_to_buffer(stored, out)
-                .map_err(|e| e.to_string())
+                .map_err(zstd_error)
         })?,
-        Encoding::ZstdDict(id) => CODECS.with(|c| -> Result<usize, String> {
+        Encoding::ZstdDict(id) => CODECS.with(|c| -> Result<usize, CodecError> {
             let mut c = c.borrow_mut();
             // Keep a few dictionaries' contexts per thread, the newest: old pages are rarer.
             if !c.unzstd_dict.contains_key(&id) && c.unzstd_dict.len() >= 4 {
@@ -180,26 +198,28 @@ pub fn decompress(
             let decompressor = match c.unzstd_dict.entry(id) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    let d = dictionaries(id).ok_or_else(|| format!("dictionary {id} is gone"))?;
+                    let d = dictionaries(id).ok_or(CodecError::DictionaryGone(id))?;
                     v.insert(
-                        zstd::bulk::Decompressor::with_dictionary(&d.bytes)
-                            .map_err(|e| e.to_string())?,
+                        zstd::bulk::Decompressor::with_dictionary(&d.bytes).map_err(zstd_error)?,
                     )
                 }
             };
             decompressor
                 .decompress_to_buffer(stored, out)
-                .map_err(|e| e.to_string())
+                .map_err(zstd_error)
         })?,
     };
     if n != out.len() {
-        return Err(format!("decoded {n} bytes, expected {}", out.len()));
+        return Err(CodecError::Length {
+            decoded: n,
+            expected: out.len(),
+        });
     }
     Ok(())
 }
 
 /// Trains a dictionary of up to `max_bytes` from sample pages.
-pub fn train(samples: &[u8], page_bytes: usize, max_bytes: usize) -> Result<Vec<u8>, String> {
+pub fn train(samples: &[u8], page_bytes: usize, max_bytes: usize) -> Result<Vec<u8>, CodecError> {
     let sizes = vec![page_bytes; samples.len() / page_bytes];
-    zstd::dict::from_continuous(samples, &sizes, max_bytes).map_err(|e| e.to_string())
+    zstd::dict::from_continuous(samples, &sizes, max_bytes).map_err(zstd_error)
 }

@@ -75,7 +75,7 @@ pub enum StoreError {
     #[error("lpn {lpn}: stored page fails its checksum (corrupt), not served")]
     Corrupt { lpn: u64 },
     #[error("lpn {lpn}: {reason}")]
-    Codec { lpn: u64, reason: String },
+    Codec { lpn: u64, reason: codec::CodecError },
     #[error("buffer of {got} bytes where whole pages of {page_bytes} bytes were expected")]
     BadLength { got: usize, page_bytes: usize },
     #[error("lpn {lpn} is beyond the store's 2^63 keys")]

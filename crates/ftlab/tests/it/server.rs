@@ -58,7 +58,8 @@ fn options() -> DeviceOptions {
     }
 }
 
-/// Starts serving one end of a socket pair; returns the client's end and the server's result.
+/// Starts serving one end of a socket pair; returns the client's end and the server's result
+/// (its error as the log would print it).
 fn connect(device: &Arc<Device>) -> (UnixStream, std::thread::JoinHandle<Result<(), String>>) {
     let (client, server) = UnixStream::pair().unwrap();
     // A server that stops answering fails the test instead of hanging it.
@@ -68,7 +69,7 @@ fn connect(device: &Arc<Device>) -> (UnixStream, std::thread::JoinHandle<Result<
     let device = device.clone();
     let handle = std::thread::spawn(move || {
         let reader = server.try_clone().unwrap();
-        serve_connection(&device, reader, server)
+        serve_connection(&device, reader, server).map_err(|e| e.to_string())
     });
     (client, handle)
 }
@@ -740,7 +741,7 @@ fn saving_the_image_survives_a_corrupt_page_and_names_it() {
 
     let image = dir.join("dev.img");
     std::fs::write(&image, b"the earlier image").unwrap();
-    let err = device.save_image(&image).unwrap_err();
+    let err = device.save_image(&image).unwrap_err().to_string();
     assert!(err.contains("lpn 37"), "{err}");
     assert!(err.contains("dev.img.tmp"), "{err}");
     assert_eq!(std::fs::read(&image).unwrap(), b"the earlier image");
@@ -767,7 +768,7 @@ fn a_failed_save_removes_its_partial_file_and_keeps_the_earlier_image() {
     std::fs::write(&image, b"the earlier image").unwrap();
     let tmp = dir.join("dev.img.tmp");
     std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
-    let err = device.save_image(&image).unwrap_err();
+    let err = device.save_image(&image).unwrap_err().to_string();
     assert!(
         err.contains("not saved") && err.contains("dev.img.tmp removed"),
         "{err}"
@@ -824,7 +825,7 @@ fn a_panic_executing_a_request_fails_the_device_instead_of_hanging_its_clients()
     drop(structured);
     assert_eq!(plain_h.join().unwrap(), Ok(()));
     assert_eq!(structured_h.join().unwrap(), Ok(()));
-    let finished = device.finish().unwrap_err();
+    let finished = device.finish().unwrap_err().to_string();
     assert!(
         finished.contains("the device failed: internal error"),
         "{finished}"
