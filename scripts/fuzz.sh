@@ -27,7 +27,7 @@ failed=()
 for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_connection mapping_tables mapping_sparse group_encodings; do
   echo "== $t (${seconds}s)"
   # nbd_connection starts worker threads per input; libFuzzer's leak check can catch a joined
-  # thread still in its TLS destructors and report std's own thread handle (see README), and
+  # thread still in its TLS destructors and report std's own thread handle (see docs/testing.md), and
   # the exit-time check reports the buffers of rayon's pool threads, which live until exit.
   leaks=1; [ "$t" = nbd_connection ] && leaks=0
   # The full output is kept: a crash's reproducer path and stack are in it.
@@ -43,7 +43,7 @@ for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_conne
     continue
   fi
   # INITED ends the replay of the saved corpus (its number: the runs the replay took); the runs
-  # after it are new. A large corpus can take the whole budget to replay (README, on fuzzing).
+  # after it are new. A large corpus can take the whole budget to replay (docs/testing.md, "Fuzzing").
   grep -E 'INITED|^Done' "$log"
 done
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -1,6 +1,6 @@
 //! The reference docs against the program: every key the program writes is documented, and every
 //! documented key exists, so that docs/config.md, docs/report-schema.md, the `--json` example in
-//! docs/mapping.md, the README's table of `serve` flags and the examples `ftlab sim --help` gives
+//! docs/mapping.md, docs/serve.md's table of `serve` flags and the examples `ftlab sim --help` gives
 //! cannot drift from the code unnoticed.
 
 use crate::support::{ftlab, read_json, temp_dir};
@@ -261,7 +261,7 @@ fn the_mapbench_json_example_has_the_keys_mapbench_writes() {
 }
 
 #[test]
-fn the_readme_documents_every_flag_of_serve() {
+fn docs_serve_documents_every_flag_of_serve() {
     let (ok, help, stderr) = ftlab(&["serve", "--help"]);
     assert!(ok, "{stderr}");
     let in_help: BTreeSet<&str> = help
@@ -275,8 +275,8 @@ fn the_readme_documents_every_flag_of_serve() {
         .filter(|w| w.starts_with("--"))
         .collect();
     assert!(in_help.contains("--listen"), "{help}");
-    let readme = doc("README.md");
-    let in_readme: BTreeSet<&str> = rows(section(&readme, "## Run real software"))
+    let reference = doc("docs/serve.md");
+    let in_readme: BTreeSet<&str> = rows(section(&reference, "## Flags"))
         .into_iter()
         .flat_map(|(names, _)| names)
         .filter_map(|n| n.split_whitespace().next())
@@ -290,12 +290,12 @@ fn the_readme_documents_every_flag_of_serve() {
         .collect();
     assert!(
         undocumented.is_empty(),
-        "not in the README's serve table: {undocumented:?}"
+        "not in docs/serve.md's table of flags: {undocumented:?}"
     );
     let unknown: Vec<_> = in_readme.difference(&in_help).collect();
     assert!(
         unknown.is_empty(),
-        "in the README but not `ftlab serve --help`: {unknown:?}"
+        "in docs/serve.md but not `ftlab serve --help`: {unknown:?}"
     );
 }
 
