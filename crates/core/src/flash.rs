@@ -98,39 +98,33 @@ pub struct PlacementCounts {
 
 /// The flash operations an FTL issued, by cause, and (programs and erases) by placement. Reads
 /// have no placement: a host read finds its page through the mapping, not through a stream.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Every placement a `u8` can name has its counts, so counting needs no bounds check.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlashCounts {
     read_pages: [u64; Cause::COUNT],
-    placements: Vec<PlacementCounts>,
+    placements: Box<[PlacementCounts; 256]>,
+}
+
+impl Default for FlashCounts {
+    fn default() -> Self {
+        Self {
+            read_pages: [0; Cause::COUNT],
+            placements: Box::new(std::array::from_fn(|_| PlacementCounts::default())),
+        }
+    }
 }
 
 impl FlashCounts {
-    /// Counts for `placements` placements (more are added if an operation names one).
-    pub fn new(placements: usize) -> Self {
-        Self {
-            read_pages: [0; Cause::COUNT],
-            placements: vec![PlacementCounts::default(); placements],
-        }
-    }
-
     /// Counts `units` operations (pages; for an erase, physical blocks).
-    #[inline]
+    #[inline(always)]
     pub fn record(&mut self, op: FlashOp, cause: Cause, placement: u8, units: u64) {
         let c = cause as usize;
+        let p = &mut self.placements[usize::from(placement)];
         match op {
             FlashOp::Read { .. } => self.read_pages[c] += units,
-            FlashOp::Program { .. } => self.placement_mut(placement).program_pages[c] += units,
-            FlashOp::Erase { .. } => self.placement_mut(placement).erased_blocks[c] += units,
+            FlashOp::Program { .. } => p.program_pages[c] += units,
+            FlashOp::Erase { .. } => p.erased_blocks[c] += units,
         }
-    }
-
-    #[inline]
-    fn placement_mut(&mut self, placement: u8) -> &mut PlacementCounts {
-        let p = usize::from(placement);
-        if p >= self.placements.len() {
-            self.placements.resize(p + 1, PlacementCounts::default());
-        }
-        &mut self.placements[p]
     }
 
     pub fn read_pages(&self, cause: Cause) -> u64 {
@@ -151,9 +145,9 @@ impl FlashCounts {
             .sum()
     }
 
-    /// Every placement's counts, by placement number (placements never used may be absent).
+    /// Every placement's counts, by placement number (0 to 255; those never used are zeros).
     pub fn placements(&self) -> &[PlacementCounts] {
-        &self.placements
+        &self.placements[..]
     }
 }
 

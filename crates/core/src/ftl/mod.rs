@@ -103,7 +103,7 @@ impl<M: MappingTable> Ftl<M> {
             gc_background_below,
             gc_background_min_invalid: (geometry.pages_per_superblock / 8).max(1),
             gc_moves: Vec::with_capacity(geometry.pages_per_superblock as usize),
-            stats: FtlStats::new(config.ftl.streams as usize),
+            stats: FtlStats::default(),
             geometry,
         }
     }
@@ -118,7 +118,7 @@ impl<M: MappingTable> Ftl<M> {
 
     /// Starts the counts over (after preconditioning), the mapping table's own included.
     pub fn reset_stats(&mut self) {
-        self.stats = FtlStats::new(self.streams as usize);
+        self.stats = FtlStats::default();
         self.timing.reset_busy();
         self.map.reset_activity();
     }
@@ -415,7 +415,7 @@ impl<M: MappingTable> Ftl<M> {
     /// Programs `lpn` at its stream's frontier and updates mapping, reverse map and validity.
     /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
     /// table need not look it up).
-    #[inline]
+    #[inline(always)]
     fn program(&mut self, lpn: u32, stream: u8, ready_ns: u64, moved_from: Option<u32>) -> OpTimes {
         let cause = if moved_from.is_some() {
             Cause::Gc
@@ -445,8 +445,9 @@ impl<M: MappingTable> Ftl<M> {
 
     /// Issues one flash operation, occupying its die (and channel) from `ready_ns`, and counts it
     /// under `cause` and `placement`: every flash operation the FTL makes goes through here. A
-    /// read's or an erase's `transferred_ns` is its `done_ns`.
-    #[inline]
+    /// read's or an erase's `transferred_ns` is its `done_ns`. Always inlined: each call site
+    /// names its operation, so the match folds away (as a call it cost 15 % more instructions).
+    #[inline(always)]
     fn flash(&mut self, op: FlashOp, cause: Cause, placement: u8, ready_ns: u64) -> OpTimes {
         let (times, units) = match op {
             FlashOp::Read { ppn } => {

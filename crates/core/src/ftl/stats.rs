@@ -22,14 +22,6 @@ pub struct FtlStats {
 }
 
 impl FtlStats {
-    /// Counts for an FTL with `streams` placements.
-    pub fn new(streams: usize) -> Self {
-        Self {
-            flash: FlashCounts::new(streams),
-            ..Self::default()
-        }
-    }
-
     /// Flash programs carrying host data (fewer than host writes when the buffer coalesces).
     pub fn host_program_pages(&self) -> u64 {
         self.flash.program_pages(Cause::Host)
