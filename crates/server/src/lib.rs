@@ -14,7 +14,7 @@ pub mod protocol;
 
 use ftlab_core::config::Config;
 use ftlab_core::request::{Op, PageSpan, Request as FtlRequest};
-use ftlab_sim::report::OpHistograms;
+use ftlab_sim::report::{OpHistograms, Recorder};
 use ftlab_sim::ConfiguredFtl;
 use ftlab_store::codec::Codec;
 use ftlab_store::{PageStore, StoreConfig, StoreStats};
@@ -138,7 +138,8 @@ struct State {
     recorded: u64,
     /// Simulated latency of each request the model saw (arrival to completion), per op: what a
     /// replay of the record reports as `latency_ns`.
-    latency: OpHistograms,
+    /// Simulated latency and bytes of the requests the model saw, as a replay records them.
+    recorder: Recorder,
 }
 
 impl State {
@@ -159,8 +160,7 @@ impl State {
             .ftl
             .submit(&request, request.arrival_ns)
             .map_err(|e| ftl_errno(&e, request.op))?;
-        self.latency
-            .record(request.op, done_ns.saturating_sub(request.arrival_ns));
+        self.recorder.record(&request, request.arrival_ns, done_ns);
         Ok(done_ns)
     }
 }
@@ -371,7 +371,7 @@ impl Device {
                 record_format: options.record_format,
                 record_error: None,
                 recorded: 0,
-                latency: OpHistograms::default(),
+                recorder: Recorder::without_series(),
             }),
             unix_start_ns: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -666,35 +666,34 @@ impl Device {
         p::EIO
     }
 
-    /// The live statistics: the simulator's counters, the mapping table's DRAM and the store's
-    /// mm_stat fields.
+    /// The live statistics: the simulator's report of the model so far (the same schema as
+    /// `ftlab sim --json`; the model's clock is the wall clock since start), and what only a live
+    /// device has: uptime, failure, the NBD requests applied, client latency, the store's
+    /// mm_stat fields and the memory of requests in flight.
     pub fn stats_json(&self) -> serde_json::Value {
-        let (requests, ftl) = self.ftl_stats();
-        let (mapping, latency) = {
-            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            (s.ftl.mapping(), s.latency.summaries())
-        };
-        let client = self.client_latency();
         let now_ns = self.now_ns();
-        serde_json::json!({
+        let (report, nbd_requests) = {
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                s.ftl.report(&self.config, &s.recorder, 0, now_ns),
+                s.requests,
+            )
+        };
+        let mut stats = serde_json::to_value(&report).expect("a report serialises");
+        let live = serde_json::json!({
             "uptime_ns": now_ns,
             "failure": self.failure(),
-            "requests": requests,
-            "waf": ftl.waf().map(ftlab_sim::report::round6),
-            "host_write_pages": ftl.host_write_pages,
-            "nand_write_pages": ftl.nand_write_pages(),
-            "gc_write_pages": ftl.gc_write_pages(),
-            "erases": ftl.erases(),
-            // The model's clock is the wall clock since start.
-            "sim_time_ns": now_ns,
-            "latency_ns": latency,
-            "client_latency_ns": client,
-            "counters": ftl,
-            "mapping": mapping,
+            "nbd_requests": nbd_requests,
+            "client_latency_ns": self.client_latency(),
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
-            "config": self.config,
-        })
+        });
+        let object = stats.as_object_mut().expect("a report is an object");
+        for (key, value) in live.as_object().expect("an object") {
+            debug_assert!(!object.contains_key(key), "`{key}` is a report key too");
+            object.insert(key.clone(), value.clone());
+        }
+        stats
     }
 
     /// Counts the client latency of replies just written to the socket.

@@ -101,6 +101,17 @@ impl ConfiguredFtl {
         each!(self, f => f.stats())
     }
 
+    /// The report of the device as it stands (`Report::snapshot`), from `start_ns` to `now_ns`.
+    pub fn report(
+        &self,
+        config: &Config,
+        recorder: &crate::report::Recorder,
+        start_ns: u64,
+        now_ns: u64,
+    ) -> crate::report::Report {
+        each!(self, f => crate::report::Report::snapshot(config, f, recorder, start_ns, now_ns))
+    }
+
     pub fn mapping(&self) -> MappingSummary {
         each!(self, f => MappingSummary {
             table: f.mapping().name(),

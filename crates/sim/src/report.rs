@@ -94,6 +94,12 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// A recorder that keeps latencies and byte counts but no time series (a live device, whose
+    /// series would grow for as long as it runs).
+    pub fn without_series() -> Self {
+        Self::new(u64::MAX, 0)
+    }
+
     pub fn new(interval_ns: u64, start_ns: u64) -> Self {
         Self {
             latency: OpHistograms::default(),
@@ -288,6 +294,24 @@ pub struct MappingInfo {
 }
 
 impl MappingInfo {
+    /// The table's figures as they stand (`bytes_compacted` as `bytes`: compacting is the
+    /// caller's choice, since it changes the table).
+    fn of<M: MappingTable>(ftl: &Ftl<M>) -> MappingInfo {
+        let live = ftl.mapping().live_mappings();
+        let bytes = ftl.mapping_bytes() as u64;
+        MappingInfo {
+            table: ftl.mapping().name().to_string(),
+            bytes,
+            bytes_peak: ftl.mapping().peak_heap_bytes() as u64,
+            bytes_compacted: bytes,
+            live_mappings: live,
+            bytes_per_live_mapping: bytes_per_mapping(bytes, live),
+            ftl_metadata_bytes: ftl.metadata_bytes() as u64,
+            compressed_get_fraction: ftl.mapping().compressed_get_fraction().map(round6),
+            activity: ftl.mapping().activity(),
+        }
+    }
+
     /// The learned table's activity, when the table is `learned`.
     pub fn learned(&self) -> Option<&ftlab_learned::LearnedActivity> {
         match &self.activity {
@@ -408,19 +432,46 @@ impl Report {
         trace: Option<TraceInfo>,
         wall_seconds: f64,
     ) -> Report {
-        let live = ftl.mapping().live_mappings();
-        let mapping_bytes = ftl.mapping_bytes() as u64;
-        let mapping_bytes_peak = ftl.mapping().peak_heap_bytes() as u64;
-        let ftl_metadata_bytes = ftl.metadata_bytes() as u64;
-        let compressed_get_fraction = ftl.mapping().compressed_get_fraction().map(round6);
-        let activity = ftl.mapping().activity();
+        let mut mapping = MappingInfo::of(ftl);
         ftl.compact_mapping();
-        let mapping_bytes_compacted = ftl.mapping_bytes() as u64;
+        mapping.bytes_compacted = ftl.mapping_bytes() as u64;
+        let mut report = Report::assemble(config, ftl, &recorder, mapping, start_ns, end_ns);
+        report.series = recorder.series;
+        report.trace = trace;
+        report.wall_seconds = wall_seconds;
+        report
+    }
+
+    /// The report of a device still running (`ftlab serve --stats`): the figures so far, from
+    /// `start_ns` to `now_ns`, without touching the FTL. Its table is not compacted
+    /// (`mapping.bytes_compacted` is `mapping.bytes`), and `series` is what `recorder` kept.
+    pub fn snapshot<M: MappingTable>(
+        config: &Config,
+        ftl: &Ftl<M>,
+        recorder: &Recorder,
+        start_ns: u64,
+        now_ns: u64,
+    ) -> Report {
+        let mapping = MappingInfo::of(ftl);
+        let mut report = Report::assemble(config, ftl, recorder, mapping, start_ns, now_ns);
+        report.series = recorder.series.clone();
+        report
+    }
+
+    /// Every figure but the series, the trace and the wall-clock time.
+    fn assemble<M: MappingTable>(
+        config: &Config,
+        ftl: &Ftl<M>,
+        recorder: &Recorder,
+        mapping: MappingInfo,
+        start_ns: u64,
+        end_ns: u64,
+    ) -> Report {
         let s = ftl.stats();
         let g = ftl.geometry();
         let sim_time_ns = end_ns - start_ns;
         let secs = sim_time_ns.max(1) as f64 / 1e9;
-        let r = &recorder;
+        let r = recorder;
         let l = &r.latency;
         let requests = Requests {
             read: l.read.len(),
@@ -454,17 +505,7 @@ impl Report {
                 read_pages: s.gc_read_pages(),
                 write_pages: s.gc_write_pages(),
             },
-            mapping: MappingInfo {
-                table: ftl.mapping().name().to_string(),
-                bytes: mapping_bytes,
-                bytes_peak: mapping_bytes_peak,
-                bytes_compacted: mapping_bytes_compacted,
-                live_mappings: live,
-                bytes_per_live_mapping: bytes_per_mapping(mapping_bytes, live),
-                ftl_metadata_bytes,
-                compressed_get_fraction,
-                activity,
-            },
+            mapping,
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),
                 logical_bytes: g.logical_bytes(),
@@ -488,16 +529,16 @@ impl Report {
                 ),
             },
             counters: s.into(),
-            trace,
+            trace: None,
             latency_cdf: LatencyCdfs {
                 read: cdf(&l.read),
                 write: cdf(&l.write),
                 read_at_zero: at_zero(&l.read),
                 write_at_zero: at_zero(&l.write),
             },
-            series: recorder.series,
+            series: Vec::new(),
             config: config.clone(),
-            wall_seconds,
+            wall_seconds: 0.0,
         }
     }
 

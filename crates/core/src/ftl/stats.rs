@@ -1,7 +1,6 @@
 //! Counters the FTL keeps; the report derives every ratio from them.
 
 use crate::flash::{Cause, FlashCounts};
-use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 /// What the host asked of the FTL and what the FTL did. Flash work is counted once, by cause and
 /// placement, in `flash`; the page counts below it are views of that record.
@@ -71,34 +70,5 @@ impl FtlStats {
     pub fn waf(&self) -> Option<f64> {
         (self.host_write_pages > 0)
             .then(|| self.nand_write_pages() as f64 / self.host_write_pages as f64)
-    }
-}
-
-/// The counters flat, named and ordered as the simulator's report names them (`serve --stats`
-/// writes this object as its `counters`).
-impl Serialize for FtlStats {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let fields: [(&'static str, u64); 15] = [
-            ("host_write_pages", self.host_write_pages),
-            ("host_read_pages", self.host_read_pages),
-            ("host_trim_pages", self.host_trim_pages),
-            ("host_program_pages", self.host_program_pages()),
-            ("gc_write_pages", self.gc_write_pages()),
-            ("mapping_write_pages", self.mapping_write_pages()),
-            ("host_flash_read_pages", self.host_flash_read_pages()),
-            ("gc_read_pages", self.gc_read_pages()),
-            ("rmw_read_pages", self.rmw_read_pages()),
-            ("erases", self.erases()),
-            ("gc_background", self.gc_background),
-            ("gc_foreground", self.gc_foreground),
-            ("buffer_coalesced_pages", self.buffer_coalesced_pages),
-            ("buffer_read_hits", self.buffer_read_hits),
-            ("flushes", self.flushes),
-        ];
-        let mut s = serializer.serialize_struct("FtlStats", fields.len())?;
-        for (name, value) in fields {
-            s.serialize_field(name, &value)?;
-        }
-        s.end()
     }
 }

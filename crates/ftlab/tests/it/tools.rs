@@ -189,7 +189,7 @@ fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
         .iter()
         .map(|op| client[op]["count"].as_u64().unwrap())
         .sum();
-    assert_eq!(answered, live["requests"].as_u64().unwrap(), "{client}");
+    assert_eq!(answered, live["nbd_requests"].as_u64().unwrap(), "{client}");
     assert!(client["write"]["p50"].as_u64().unwrap() > 0, "{client}");
 }
 
