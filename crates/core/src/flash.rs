@@ -9,6 +9,7 @@
 //! host/GC/mapping page counts and the per-placement counts FDP statistics need are all read
 //! from that one record.
 
+use crate::addr::Ppn;
 use crate::config::FlashConfig;
 use crate::geometry::Geometry;
 
@@ -81,9 +82,9 @@ impl Cause {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlashOp {
     /// Sense a page and move it across the channel.
-    Read { ppn: u32 },
+    Read { ppn: Ppn },
     /// Move a page across the channel and program it.
-    Program { ppn: u32 },
+    Program { ppn: Ppn },
     /// Erase a superblock: one physical block on each die it spans.
     Erase { superblock: u32 },
 }

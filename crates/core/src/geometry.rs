@@ -8,6 +8,7 @@
 //! superblock is page `k / superblock_dies` of the block on die `k % superblock_dies` of its group:
 //! writes filling a superblock in slot order are striped across channels, then dies, then pages.
 
+use crate::addr::Ppn;
 use crate::config::{Config, ConfigError};
 use serde::Serialize;
 
@@ -274,15 +275,15 @@ impl Geometry {
     }
 
     #[inline]
-    pub fn superblock_of(&self, ppn: u32) -> u32 {
-        self.pps.quotient(ppn)
+    pub fn superblock_of(&self, ppn: Ppn) -> u32 {
+        self.pps.quotient(ppn.get())
     }
 
     /// The die a physical page lives on.
     #[inline]
-    pub fn die_of(&self, ppn: u32) -> u32 {
-        let superblock = self.pps.quotient(ppn);
-        let slot = ppn - superblock * self.pages_per_superblock;
+    pub fn die_of(&self, ppn: Ppn) -> u32 {
+        let superblock = self.pps.quotient(ppn.get());
+        let slot = ppn.get() - superblock * self.pages_per_superblock;
         self.groups.remainder(superblock) * self.superblock_dies + self.sb_dies.remainder(slot)
     }
 

@@ -21,6 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod addr;
 pub mod config;
 pub mod flash;
 pub mod ftl;

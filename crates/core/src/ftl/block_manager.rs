@@ -8,10 +8,9 @@
 //! bucketed by valid-page count (flat `next`/`prev` arrays, no allocation), and `min_bucket` never
 //! overshoots the emptiest non-empty bucket.
 
+use crate::addr::{Ppn, NO_SUPERBLOCK as NONE};
 use crate::geometry::{Divisor, Geometry};
 use std::collections::VecDeque;
-
-pub const NONE: u32 = u32::MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -107,23 +106,23 @@ impl BlockManager {
     }
 
     #[inline]
-    pub fn is_valid(&self, ppn: u32) -> bool {
+    pub fn is_valid(&self, ppn: Ppn) -> bool {
         let (sb, slot) = self.split(ppn);
         let word = self.valid_bits[sb * self.words_per_superblock + slot / 64];
         word & (1u64 << (slot % 64)) != 0
     }
 
     #[inline]
-    fn split(&self, ppn: u32) -> (usize, usize) {
+    fn split(&self, ppn: Ppn) -> (usize, usize) {
         (
-            self.pps.quotient(ppn) as usize,
-            self.pps.remainder(ppn) as usize,
+            self.pps.quotient(ppn.get()) as usize,
+            self.pps.remainder(ppn.get()) as usize,
         )
     }
 
     /// A page of an open superblock was just programmed with live data.
     #[inline]
-    pub fn mark_valid(&mut self, ppn: u32) {
+    pub fn mark_valid(&mut self, ppn: Ppn) {
         let (sb, slot) = self.split(ppn);
         debug_assert_eq!(self.state[sb], SuperblockState::Open);
         let word = &mut self.valid_bits[sb * self.words_per_superblock + slot / 64];
@@ -135,7 +134,7 @@ impl BlockManager {
 
     /// Brings the validity state of `ppn`'s superblock into cache ahead of an invalidation.
     #[inline]
-    pub fn prefetch(&self, ppn: u32) {
+    pub fn prefetch(&self, ppn: Ppn) {
         let (sb, slot) = self.split(ppn);
         if let Some(word) = self
             .valid_bits
@@ -148,7 +147,7 @@ impl BlockManager {
 
     /// The data in `ppn` was overwritten, trimmed, or relocated.
     #[inline]
-    pub fn invalidate(&mut self, ppn: u32) {
+    pub fn invalidate(&mut self, ppn: Ppn) {
         let (sb, slot) = self.split(ppn);
         let word = &mut self.valid_bits[sb * self.words_per_superblock + slot / 64];
         let bit = 1u64 << (slot % 64);

@@ -10,11 +10,12 @@ pub mod mapping;
 pub mod stats;
 pub mod write_buffer;
 
+use crate::addr::{Lpn, Ppn, NO_SUPERBLOCK};
 use crate::config::Config;
 use crate::flash::{transfer_ns, Cause, FlashOp, FlashTiming, OpTimes};
 use crate::geometry::Geometry;
 use crate::request::{Op, PageSpan, Request};
-use block_manager::{BlockManager, SuperblockState, NONE};
+use block_manager::{BlockManager, SuperblockState};
 use mapping::MappingTable;
 pub use stats::FtlStats;
 use write_buffer::{BufferPolicy, WriteBuffer};
@@ -41,7 +42,7 @@ pub struct Ftl<M: MappingTable> {
     geometry: Geometry,
     map: M,
     /// ppn -> lpn of the data last programmed there; meaningful only where the page is valid.
-    lpn_of_ppn: Vec<u32>,
+    lpn_of_ppn: Vec<Lpn>,
     blocks: BlockManager,
     /// Index `stream * 2 + (cause == Gc)`; with a shared GC frontier both indices alias the host one.
     frontiers: Vec<Frontier>,
@@ -57,7 +58,7 @@ pub struct Ftl<M: MappingTable> {
     /// Background GC only takes victims with at least this many invalid pages (FEMU: 1/8).
     gc_background_min_invalid: u32,
     /// GC's list of (ppn, lpn) to move, kept to avoid allocating per victim.
-    gc_moves: Vec<(u32, u32)>,
+    gc_moves: Vec<(Ppn, Lpn)>,
     stats: FtlStats,
 }
 
@@ -81,11 +82,11 @@ impl<M: MappingTable> Ftl<M> {
         let gc_background_below = below(geometry.gc_background_free_superblocks);
         Self {
             map,
-            lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, NONE),
+            lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, Lpn::NONE),
             blocks: BlockManager::new(&geometry),
             frontiers: vec![
                 Frontier {
-                    superblock: NONE,
+                    superblock: NO_SUPERBLOCK,
                     next_slot: 0
                 };
                 config.ftl.streams as usize * 2
@@ -159,11 +160,11 @@ impl<M: MappingTable> Ftl<M> {
 
     /// Where `lpn` lives on flash now (None when unmapped), ignoring the write buffer. For
     /// checks: not a GET in the table's statistics.
-    pub fn lookup(&self, lpn: u32) -> Option<u32> {
-        self.map.get_uncounted(lpn)
+    pub fn lookup(&self, lpn: Lpn) -> Option<Ppn> {
+        self.map.get_uncounted(lpn.get()).map(Ppn::new)
     }
 
-    pub fn is_buffered(&self, lpn: u32) -> bool {
+    pub fn is_buffered(&self, lpn: Lpn) -> bool {
         self.buffer.contains(lpn)
     }
 
@@ -194,7 +195,7 @@ impl<M: MappingTable> Ftl<M> {
         let lpn = request.offset_bytes / u64::from(self.geometry.page_size_bytes);
         if request.op == Op::Write && lpn < self.geometry.logical_pages {
             if let Some(ppn) = self.map.peek(lpn as u32) {
-                self.blocks.prefetch(ppn);
+                self.blocks.prefetch(Ppn::new(ppn));
             }
         }
     }
@@ -233,20 +234,21 @@ impl<M: MappingTable> Ftl<M> {
             Op::Write => {
                 for lpn in span.touched() {
                     let partial = !span.is_whole(lpn);
-                    let t = self.write_page(lpn as u32, request.stream, partial, now_ns);
+                    let lpn = Lpn::new(lpn as u32);
+                    let t = self.write_page(lpn, request.stream, partial, now_ns);
                     done_ns = done_ns.max(t);
                 }
             }
             Op::Read => {
                 for lpn in span.touched() {
-                    done_ns = done_ns.max(self.read_page(lpn as u32, now_ns));
+                    done_ns = done_ns.max(self.read_page(Lpn::new(lpn as u32), now_ns));
                 }
             }
             Op::Trim => {
                 // Only whole pages are deallocated; the partial ends of a trim keep their data,
                 // as an SSD with page-granular mapping does.
                 for lpn in span.whole() {
-                    self.trim_page(lpn as u32);
+                    self.trim_page(Lpn::new(lpn as u32));
                 }
                 done_ns = now_ns + self.host_page_ns;
             }
@@ -255,14 +257,14 @@ impl<M: MappingTable> Ftl<M> {
         Ok(done_ns)
     }
 
-    fn read_page(&mut self, lpn: u32, now_ns: u64) -> u64 {
+    fn read_page(&mut self, lpn: Lpn, now_ns: u64) -> u64 {
         self.stats.host_read_pages += 1;
         if self.buffer.contains(lpn) {
             self.stats.buffer_read_hits += 1;
             return now_ns + self.host_page_ns;
         }
         self.map.note_gets(1);
-        match self.map.get(lpn) {
+        match self.map.get(lpn.get()).map(Ppn::new) {
             Some(ppn) => {
                 self.flash(FlashOp::Read { ppn }, Cause::Host, 0, now_ns)
                     .done_ns
@@ -273,12 +275,12 @@ impl<M: MappingTable> Ftl<M> {
         }
     }
 
-    fn write_page(&mut self, lpn: u32, stream: u8, partial: bool, now_ns: u64) -> u64 {
+    fn write_page(&mut self, lpn: Lpn, stream: u8, partial: bool, now_ns: u64) -> u64 {
         self.stats.host_write_pages += 1;
         let mut ready_ns = now_ns;
         if partial && !self.buffer.contains(lpn) {
             self.map.note_gets(1);
-            if let Some(ppn) = self.map.get(lpn) {
+            if let Some(ppn) = self.map.get(lpn.get()).map(Ppn::new) {
                 // Read-modify-write: the untouched part of the page comes from flash.
                 ready_ns = self
                     .flash(FlashOp::Read { ppn }, Cause::ReadModifyWrite, 0, now_ns)
@@ -303,7 +305,7 @@ impl<M: MappingTable> Ftl<M> {
     /// Writes the buffer's next page to flash; returns when its slot is free.
     fn evict_one(&mut self, now_ns: u64) -> u64 {
         match self.buffer.pop_next() {
-            Some((lpn, stream)) if lpn != NONE => {
+            Some((lpn, stream)) if !lpn.is_none() => {
                 self.program_host_page(lpn, stream, now_ns).transferred_ns
             }
             _ => now_ns,
@@ -313,7 +315,7 @@ impl<M: MappingTable> Ftl<M> {
     fn drain_buffer(&mut self, now_ns: u64) -> u64 {
         let mut done_ns = now_ns;
         while let Some((lpn, stream)) = self.buffer.pop_next() {
-            if lpn != NONE {
+            if !lpn.is_none() {
                 done_ns = done_ns.max(self.program_host_page(lpn, stream, now_ns).done_ns);
             }
         }
@@ -325,16 +327,16 @@ impl<M: MappingTable> Ftl<M> {
         self.drain_buffer(now_ns)
     }
 
-    fn trim_page(&mut self, lpn: u32) {
+    fn trim_page(&mut self, lpn: Lpn) {
         self.stats.host_trim_pages += 1;
         self.buffer.discard(lpn);
-        if let Some(old) = self.map.remove(lpn) {
-            self.blocks.invalidate(old);
+        if let Some(old) = self.map.remove(lpn.get()) {
+            self.blocks.invalidate(Ppn::new(old));
         }
     }
 
     /// GC as the thresholds demand, then one host page to flash.
-    fn program_host_page(&mut self, lpn: u32, stream: u8, ready_ns: u64) -> OpTimes {
+    fn program_host_page(&mut self, lpn: Lpn, stream: u8, ready_ns: u64) -> OpTimes {
         let mut ready_ns = ready_ns;
         while self.blocks.free_count() < self.gc_foreground_below {
             match self.collect_one(0, ready_ns) {
@@ -377,27 +379,27 @@ impl<M: MappingTable> Ftl<M> {
         for (w, &word) in self.blocks.valid_words(victim).iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
-                let ppn = base + w as u32 * 64 + bits.trailing_zeros();
+                let ppn = Ppn::new(base + w as u32 * 64 + bits.trailing_zeros());
                 bits &= bits - 1;
-                moves.push((ppn, self.lpn_of_ppn[ppn as usize]));
+                moves.push((ppn, self.lpn_of_ppn[ppn.index()]));
             }
         }
         for &(_, lpn) in moves.iter().take(GC_PREFETCH_DISTANCE) {
-            self.map.prefetch(lpn);
+            self.map.prefetch(lpn.get());
         }
         for &(_, lpn) in moves.iter().take(GC_PREFETCH_NEAR) {
-            self.map.prefetch_near(lpn);
+            self.map.prefetch_near(lpn.get());
         }
         let mut last_write_ns = now_ns;
         for i in 0..moves.len() {
             if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_DISTANCE) {
-                self.map.prefetch(ahead);
+                self.map.prefetch(ahead.get());
             }
             if let Some(&(_, ahead)) = moves.get(i + GC_PREFETCH_NEAR) {
-                self.map.prefetch_near(ahead);
+                self.map.prefetch_near(ahead.get());
             }
             let (ppn, lpn) = moves[i];
-            debug_assert_eq!(self.map.get_uncounted(lpn), Some(ppn));
+            debug_assert_eq!(self.map.get_uncounted(lpn.get()), Some(ppn.get()));
             let read_ns = self
                 .flash(FlashOp::Read { ppn }, Cause::Gc, stream, now_ns)
                 .done_ns;
@@ -416,7 +418,7 @@ impl<M: MappingTable> Ftl<M> {
     /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
     /// table need not look it up).
     #[inline(always)]
-    fn program(&mut self, lpn: u32, stream: u8, ready_ns: u64, moved_from: Option<u32>) -> OpTimes {
+    fn program(&mut self, lpn: Lpn, stream: u8, ready_ns: u64, moved_from: Option<Ppn>) -> OpTimes {
         let cause = if moved_from.is_some() {
             Cause::Gc
         } else {
@@ -426,15 +428,15 @@ impl<M: MappingTable> Ftl<M> {
         let times = self.flash(FlashOp::Program { ppn }, cause, stream, ready_ns);
         let old = match moved_from {
             Some(from) => {
-                self.map.relocate(lpn, from, ppn);
+                self.map.relocate(lpn.get(), from.get(), ppn.get());
                 Some(from)
             }
-            None => self.map.set(lpn, ppn),
+            None => self.map.set(lpn.get(), ppn.get()).map(Ppn::new),
         };
         if let Some(old) = old {
             self.blocks.invalidate(old);
         }
-        self.lpn_of_ppn[ppn as usize] = lpn;
+        self.lpn_of_ppn[ppn.index()] = lpn;
         self.blocks.mark_valid(ppn);
         if filled {
             // Only now, with its last page valid, does it join the GC candidates.
@@ -473,23 +475,23 @@ impl<M: MappingTable> Ftl<M> {
 
     /// The next page of the frontier, and whether that page fills its superblock.
     #[inline]
-    fn allocate(&mut self, stream: u8, cause: Cause) -> (u32, bool) {
+    fn allocate(&mut self, stream: u8, cause: Cause) -> (Ppn, bool) {
         let index =
             stream as usize * 2 + usize::from(cause == Cause::Gc && self.gc_separate_frontier);
         let pps = self.geometry.pages_per_superblock;
         let mut f = self.frontiers[index];
-        if f.superblock == NONE {
+        if f.superblock == NO_SUPERBLOCK {
             f.superblock = self
                 .blocks
                 .take_free(stream)
                 .expect("free pool empty: GC reserve violated");
             f.next_slot = 0;
         }
-        let ppn = f.superblock * pps + f.next_slot;
+        let ppn = Ppn::new(f.superblock * pps + f.next_slot);
         f.next_slot += 1;
         let filled = f.next_slot == pps;
         if filled {
-            f.superblock = NONE;
+            f.superblock = NO_SUPERBLOCK;
         }
         self.frontiers[index] = f;
         (ppn, filled)
@@ -499,15 +501,16 @@ impl<M: MappingTable> Ftl<M> {
     pub fn check_invariants(&self) {
         self.blocks.check_invariants();
         let mut mapped = 0u64;
-        for lpn in 0..self.geometry.logical_pages as u32 {
-            if let Some(ppn) = self.map.get_uncounted(lpn) {
+        for lpn in (0..self.geometry.logical_pages as u32).map(Lpn::new) {
+            if let Some(ppn) = self.map.get_uncounted(lpn.get()).map(Ppn::new) {
                 mapped += 1;
                 assert!(
                     self.blocks.is_valid(ppn),
                     "lpn {lpn} -> ppn {ppn} not valid"
                 );
                 assert_eq!(
-                    self.lpn_of_ppn[ppn as usize], lpn,
+                    self.lpn_of_ppn[ppn.index()],
+                    lpn,
                     "reverse map of ppn {ppn}"
                 );
             }
@@ -518,7 +521,7 @@ impl<M: MappingTable> Ftl<M> {
             .sum();
         assert_eq!(valid, mapped, "valid pages vs mapped LPNs");
         for f in &self.frontiers {
-            if f.superblock != NONE {
+            if f.superblock != NO_SUPERBLOCK {
                 assert_eq!(self.blocks.state(f.superblock), SuperblockState::Open);
             }
         }

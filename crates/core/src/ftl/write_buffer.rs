@@ -6,7 +6,10 @@
 //! the buffer is full, on a host flush, and at the end of a run; the eviction order is the
 //! [`BufferPolicy`], matched in that one place.
 
-use crate::ftl::block_manager::NONE;
+use crate::addr::Lpn;
+
+/// No slot: the page is not buffered.
+const NO_SLOT: u32 = u32::MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufferPolicy {
@@ -18,12 +21,12 @@ pub enum BufferPolicy {
 pub struct WriteBuffer {
     policy: BufferPolicy,
     capacity_pages: u32,
-    /// Ring of buffered LPNs, oldest at `head`; NONE marks a trimmed entry (a tombstone).
-    ring_lpn: Vec<u32>,
+    /// Ring of buffered LPNs, oldest at `head`; `Lpn::NONE` marks a trimmed entry (a tombstone).
+    ring_lpn: Vec<Lpn>,
     ring_stream: Vec<u8>,
     head: u32,
     len: u32,
-    /// Slot of each buffered LPN, NONE otherwise; empty when the buffer is disabled.
+    /// Slot of each buffered LPN, `NO_SLOT` otherwise; empty when the buffer is disabled.
     slot_of_lpn: Vec<u32>,
 }
 
@@ -37,11 +40,11 @@ impl WriteBuffer {
         Self {
             policy,
             capacity_pages,
-            ring_lpn: vec![NONE; capacity_pages as usize],
+            ring_lpn: vec![Lpn::NONE; capacity_pages as usize],
             ring_stream: vec![0; capacity_pages as usize],
             head: 0,
             len: 0,
-            slot_of_lpn: crate::table::filled(lpn_slots, NONE),
+            slot_of_lpn: crate::table::filled(lpn_slots, NO_SLOT),
         }
     }
 
@@ -51,8 +54,8 @@ impl WriteBuffer {
     }
 
     #[inline]
-    pub fn contains(&self, lpn: u32) -> bool {
-        self.enabled() && self.slot_of_lpn[lpn as usize] != NONE
+    pub fn contains(&self, lpn: Lpn) -> bool {
+        self.enabled() && self.slot_of_lpn[lpn.index()] != NO_SLOT
     }
 
     #[inline]
@@ -70,19 +73,19 @@ impl WriteBuffer {
 
     /// Adds a page that is not buffered yet; the caller made room first.
     #[inline]
-    pub fn push(&mut self, lpn: u32, stream: u8) {
+    pub fn push(&mut self, lpn: Lpn, stream: u8) {
         debug_assert!(!self.is_full() && !self.contains(lpn));
         let slot = (self.head + self.len) % self.capacity_pages;
         self.ring_lpn[slot as usize] = lpn;
         self.ring_stream[slot as usize] = stream;
-        self.slot_of_lpn[lpn as usize] = slot;
+        self.slot_of_lpn[lpn.index()] = slot;
         self.len += 1;
     }
 
-    /// The next page to write to flash, by policy; `Some((NONE, _))` is a trimmed entry whose slot
-    /// is simply freed.
+    /// The next page to write to flash, by policy; `Some((Lpn::NONE, _))` is a trimmed entry
+    /// whose slot is simply freed.
     #[inline]
-    pub fn pop_next(&mut self) -> Option<(u32, u8)> {
+    pub fn pop_next(&mut self) -> Option<(Lpn, u8)> {
         if self.len == 0 {
             return None;
         }
@@ -91,11 +94,11 @@ impl WriteBuffer {
                 let slot = self.head as usize;
                 let lpn = self.ring_lpn[slot];
                 let stream = self.ring_stream[slot];
-                self.ring_lpn[slot] = NONE;
+                self.ring_lpn[slot] = Lpn::NONE;
                 self.head = (self.head + 1) % self.capacity_pages;
                 self.len -= 1;
-                if lpn != NONE {
-                    self.slot_of_lpn[lpn as usize] = NONE;
+                if !lpn.is_none() {
+                    self.slot_of_lpn[lpn.index()] = NO_SLOT;
                 }
                 Some((lpn, stream))
             }
@@ -104,13 +107,13 @@ impl WriteBuffer {
 
     /// TRIM of a buffered page: its data must never reach flash.
     #[inline]
-    pub fn discard(&mut self, lpn: u32) {
+    pub fn discard(&mut self, lpn: Lpn) {
         if !self.enabled() {
             return;
         }
-        let slot = std::mem::replace(&mut self.slot_of_lpn[lpn as usize], NONE);
-        if slot != NONE {
-            self.ring_lpn[slot as usize] = NONE;
+        let slot = std::mem::replace(&mut self.slot_of_lpn[lpn.index()], NO_SLOT);
+        if slot != NO_SLOT {
+            self.ring_lpn[slot as usize] = Lpn::NONE;
         }
     }
 

@@ -2,6 +2,7 @@
 //! every operation the FTL's invariants hold, and which LPNs hold data matches a HashMap oracle.
 
 use crate::support::cases;
+use ftlab_core::addr::Lpn;
 use ftlab_core::config::ConfigBuilder;
 use ftlab_core::ftl::mapping::FlatMapping;
 use ftlab_core::ftl::Ftl;
@@ -123,7 +124,7 @@ proptest! {
             now += 1000;
             ftl.check_invariants();
             for lpn in 0..logical {
-                let holds = ftl.lookup(lpn as u32).is_some() || ftl.is_buffered(lpn as u32);
+                let holds = ftl.lookup(Lpn::new(lpn as u32)).is_some() || ftl.is_buffered(Lpn::new(lpn as u32));
                 prop_assert_eq!(holds, oracle.contains(&lpn), "lpn {}", lpn);
             }
         }
@@ -133,7 +134,7 @@ proptest! {
         prop_assert_eq!(free + open + used + victim, geometry.superblocks);
         prop_assert_eq!(victim, 0);
         for lpn in 0..logical {
-            prop_assert_eq!(ftl.lookup(lpn as u32).is_some(), oracle.contains(&lpn));
+            prop_assert_eq!(ftl.lookup(Lpn::new(lpn as u32)).is_some(), oracle.contains(&lpn));
         }
         let s = ftl.stats();
         prop_assert_eq!(s.nand_write_pages(), s.host_program_pages() + s.gc_write_pages());

@@ -2,8 +2,9 @@
 //! demand-paged) plug into the same FTL. The FTL is generic over it: one monomorphised hot path per
 //! table, no dynamic dispatch per page.
 
-/// Maps logical page numbers to physical page numbers. LPNs are `< logical_pages`; PPNs fit in
-/// u32 (the geometry guarantees it) and `u32::MAX` is never a valid PPN.
+/// Maps logical page numbers to physical page numbers, as raw numbers (`Lpn::get`,
+/// `Ppn::get`: encodings do arithmetic on them). LPNs are `< logical_pages`; PPNs fit in u32
+/// (the geometry guarantees it) and `u32::MAX` (`Ppn::NONE`) is never a valid PPN.
 pub trait MappingTable {
     fn name(&self) -> &'static str;
     fn get(&self, lpn: u32) -> Option<u32>;
