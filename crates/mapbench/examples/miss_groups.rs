@@ -12,7 +12,7 @@
 //! sixty-fourth of the live mappings' worth of LPNs (least recently used out), how many of the
 //! misses land in a cached block ("A cache of decoded blocks" in the log); and how many lookups
 //! leave an aligned window of 64 LPNs, the one such block a one-entry decoded window would hold
-//! ("Checks at c208f86").
+//! (notes/mapping-log.md, "Checks" of the lookup cursor).
 //!
 //! ```text
 //! cargo build --release --example miss_groups

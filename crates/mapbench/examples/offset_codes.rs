@@ -1,7 +1,7 @@
 //! What a segment blob's list of mapped offsets (intervals: 4 bytes per run of mapped LPNs, none
 //! for a full group) costs on a trace's final mapping (log-head PPNs), against an Elias-Fano
 //! list of the same offsets, over the groups neither empty nor full; with the learned table's
-//! compacted bytes and encodings for scale. For notes/mapping-log.md ("Three checks at f57565c").
+//! compacted bytes and encodings for scale. For notes/mapping-log.md ("Three checks" of the offset lists).
 //!
 //! ```text
 //! cargo build --release --example offset_codes

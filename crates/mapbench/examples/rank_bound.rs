@@ -401,8 +401,7 @@ impl RunsCursor {
 
 /// Seconds for one pass of `f` over `lpns`, timed after an untimed one: each layout is timed
 /// with its own data in the caches, as `ftlab mapbench` times a table's passes back to back
-/// (timed straight after the other layouts' passes, the flat u64 array, 8 MiB on pgbench, ran
-/// 1.13-1.27 ns a lookup here against 0.86 in `ftlab mapbench`).
+/// (timed straight after the other layouts' passes, the flat array ran a third slower).
 #[inline(always)]
 fn warm_pass(lpns: &[u32], f: impl Fn(u32) -> Option<u32>) -> f64 {
     for &lpn in lpns {

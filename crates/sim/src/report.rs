@@ -419,10 +419,8 @@ pub fn round6(x: f64) -> f64 {
 
 impl Report {
     /// The run's report. The run is over, so the mapping table is compacted here (what it maps
-    /// stays the same) once the figures that depend on its buffer have been read. (Compacting a
-    /// copy held the table twice, and the learned table's copy more while its merges grew the
-    /// copy's arena: 52 MB of heap at the default preset's peak, 41 MB compacting in place, and
-    /// 32.5 MiB (massif) once the arena's garbage was collected in place as well, `store.rs`.)
+    /// stays the same) once the figures that depend on its buffer have been read. It is
+    /// compacted in place: a copy would hold the table twice at the run's end.
     pub fn build<M: MappingTable>(
         config: &Config,
         ftl: &mut Ftl<M>,

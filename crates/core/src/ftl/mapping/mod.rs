@@ -38,8 +38,8 @@ pub trait MappingTable {
     /// The caller made `n` more lookups (`get`) that count: the total behind
     /// `compressed_get_fraction` and `activity`. `get` does not count itself: that
     /// would be a load and a store on every lookup, the ones a lookup cursor answers in a few
-    /// instructions included (in `ftlab mapbench`, rocksdb's GET rate 1.24-1.28 G/s with the
-    /// count in `get`, 1.32-1.37 without). So the count is the caller's, made in bulk where it
+    /// instructions included (a few per cent of the GET rate on sequential traces). So the
+    /// count is the caller's, made in bulk where it
     /// can: the FTL notes each host lookup, `ftlab mapbench` each pass. Tables that report
     /// neither fraction ignore it.
     #[inline]
