@@ -214,6 +214,30 @@ pub struct FtlConfig {
     /// Host interface (PCIe) rate added to every page a request moves; 0 = free.
     #[serde(default)]
     pub host_interface_mb_per_s: u64,
+    /// The share of the translation pages (the mapping table as stored on flash, `page size /
+    /// mapping_entry_bytes` entries each) that power-loss protection covers: at most this share
+    /// may be dirty (changed in DRAM, not yet on flash) at once; one more is first written back.
+    /// 1 = all of them: nothing is ever written back, and the model is off (docs/persistence.md).
+    #[serde(default = "one_f64")]
+    pub protected_ratio: f64,
+    /// Bytes of one mapping entry in a translation page.
+    #[serde(default = "four_u32")]
+    pub mapping_entry_bytes: u32,
+    /// Which dirty translation page is written back when the protected budget is full.
+    #[serde(default)]
+    pub dirty_victim: DirtyVictim,
+}
+
+/// The dirty translation page written back when one more must become dirty
+/// (`ftl.dirty_victim`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirtyVictim {
+    /// The one least recently changed.
+    #[default]
+    Lru,
+    /// The one dirty the longest (first dirtied, first written).
+    Fifo,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -294,6 +318,12 @@ impl Default for ReportConfig {
     }
 }
 
+fn one_f64() -> f64 {
+    1.0
+}
+fn four_u32() -> u32 {
+    4
+}
 fn one() -> u32 {
     1
 }

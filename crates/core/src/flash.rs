@@ -78,6 +78,10 @@ impl Cause {
     ];
 }
 
+/// The placement of translation pages (the mapping table's own pages): their superblocks never
+/// hold user data. Streams are 0..64, so it is free.
+pub const MAPPING_PLACEMENT: u8 = u8::MAX;
+
 /// One flash operation and what it addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlashOp {
@@ -210,6 +214,19 @@ impl FlashTiming {
         self.die_busy_ns[d] += self.erase_latency_ns;
         self.die_free_ns[d] = done;
         done
+    }
+
+    /// When `pages` programs spread over every die from an idle start would all be durable:
+    /// what capacitors must keep the drive powered for to write that many pages.
+    pub fn idle_program_ns(&self, pages: u64) -> u64 {
+        let mut idle = self.clone();
+        idle.die_free_ns.iter_mut().for_each(|t| *t = 0);
+        idle.channel_free_ns.iter_mut().for_each(|t| *t = 0);
+        let dies = idle.die_free_ns.len() as u64;
+        (0..pages)
+            .map(|i| idle.program((i % dies) as u32, 0).done_ns)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Latest time any die is busy until.

@@ -30,6 +30,13 @@ pub struct Geometry {
     pub logical_pages: u64,
     /// Superblocks that must stay free: foreground GC below this (see `FtlConfig`).
     pub free_superblocks_min: u32,
+    /// Mapping entries in one translation page (`page size / ftl.mapping_entry_bytes`).
+    pub entries_per_translation_page: u32,
+    /// Translation pages of the whole mapping table.
+    pub translation_pages: u32,
+    /// Translation pages that may be dirty at once (`ftl.protected_ratio` of them, at least
+    /// one); None when all may (the model is off: nothing is written back).
+    pub protected_translation_pages: Option<u32>,
     /// Background GC while free superblocks <= this (FEMU's `gc_thres_lines`); None = never.
     pub gc_background_free_superblocks: Option<u32>,
     /// Foreground GC while free superblocks <= this (`gc_thres_lines_high`); None = never.
@@ -184,7 +191,32 @@ impl Geometry {
                 "must be at least 2: a host write may take one free superblock just before GC needs another to copy into",
             ));
         }
-        let frontiers = ftl.streams * if ftl.gc_separate_frontier { 2 } else { 1 };
+        if !(ftl.protected_ratio > 0.0 && ftl.protected_ratio <= 1.0) {
+            return Err(invalid(
+                "ftl.protected_ratio",
+                format!("{} is not in (0, 1]", ftl.protected_ratio),
+            ));
+        }
+        let entry = ftl.mapping_entry_bytes;
+        // Large entries make small test devices with many translation pages.
+        if entry < 4 || entry > f.page_size_bytes || f.page_size_bytes % entry != 0 {
+            return Err(invalid(
+                "ftl.mapping_entry_bytes",
+                format!(
+                    "{entry}: must be at least 4 bytes and divide the {}-byte page",
+                    f.page_size_bytes
+                ),
+            ));
+        }
+        let entries_per_translation_page = f.page_size_bytes / entry;
+        let translation_pages = logical_pages.div_ceil(u64::from(entries_per_translation_page));
+        let persistent = ftl.protected_ratio < 1.0;
+        let protected_translation_pages = persistent.then(|| {
+            ((ftl.protected_ratio * translation_pages as f64).floor() as u64).max(1) as u32
+        });
+        // Translation pages have a frontier of their own, and take room beside the data.
+        let frontiers =
+            ftl.streams * if ftl.gc_separate_frontier { 2 } else { 1 } + u32::from(persistent);
         let reserved = u64::from(ftl.gc_free_superblocks_min) + u64::from(frontiers);
         // GC can always reclaim space only if the valid data fits in the superblocks that are
         // neither reserved free nor open, with at least one page of slack.
@@ -198,7 +230,8 @@ impl Geometry {
                 ),
             ));
         }
-        if logical_pages >= usable_pages {
+        let mapping_room = if persistent { translation_pages } else { 0 };
+        if logical_pages + mapping_room >= usable_pages {
             return Err(invalid(
                 "capacity",
                 format!(
@@ -253,6 +286,9 @@ impl Geometry {
             physical_pages,
             logical_pages,
             free_superblocks_min: ftl.gc_free_superblocks_min,
+            entries_per_translation_page,
+            translation_pages: translation_pages as u32,
+            protected_translation_pages,
             gc_background_free_superblocks: free_at(ftl.gc_thres_pcent),
             gc_foreground_free_superblocks: free_at(ftl.gc_thres_pcent_high),
             pps: Divisor::new(pages_per_superblock as u32),

@@ -321,6 +321,36 @@ impl MappingInfo {
     }
 }
 
+/// Flash page writes by what they carry, as the Hexa-SSD paper splits them, and the mapping
+/// table's reads. `nand_write_pages` is their sum.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Traffic {
+    /// Host data (UD).
+    pub user_pages: u64,
+    /// Translation pages written back (MD).
+    pub mapping_pages: u64,
+    /// GC moving user data (GUD).
+    pub gc_user_pages: u64,
+    /// GC moving translation pages (GMD).
+    pub gc_mapping_pages: u64,
+    /// Translation pages read because the cached table missed (0: the table is all cached).
+    pub map_read_pages: u64,
+}
+
+/// What power-loss protection must cover, when the mapping is persisted in translation pages
+/// (`ftl.protected_ratio` below 1).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PowerLoss {
+    pub translation_pages: u32,
+    /// How many may be dirty at once (`protected_ratio` of them).
+    pub protected_translation_pages: u32,
+    /// The most that were dirty at once in the measured phase.
+    pub max_dirty_translation_pages: u32,
+    /// The time to program that many pages over every die from idle: what the capacitors must
+    /// keep the drive powered for (the write buffer's pages aside).
+    pub capacitor_flush_ns: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GcInfo {
     pub background: u64,
@@ -358,6 +388,11 @@ pub struct Report {
     pub write_mb_per_s: f64,
     pub latency_ns: OpLatencies,
     pub gc: GcInfo,
+    #[serde(default)]
+    pub traffic: Traffic,
+    /// `null` when every mapping change is protected (`ftl.protected_ratio = 1`).
+    #[serde(default)]
+    pub power_loss: Option<PowerLoss>,
     pub mapping: MappingInfo,
     pub device: DeviceInfo,
     pub counters: Counters,
@@ -503,6 +538,19 @@ impl Report {
                 read_pages: s.gc_read_pages(),
                 write_pages: s.gc_write_pages(),
             },
+            traffic: Traffic {
+                user_pages: s.host_program_pages(),
+                mapping_pages: s.mapping_write_pages(),
+                gc_user_pages: s.gc_user_write_pages(),
+                gc_mapping_pages: s.gc_mapping_write_pages(),
+                map_read_pages: s.flash.read_pages(ftlab_core::flash::Cause::Mapping),
+            },
+            power_loss: ftl.translation().map(|t| PowerLoss {
+                translation_pages: g.translation_pages,
+                protected_translation_pages: t.budget(),
+                max_dirty_translation_pages: t.max_dirty(),
+                capacitor_flush_ns: ftl.timing().idle_program_ns(u64::from(t.max_dirty())),
+            }),
             mapping,
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),
@@ -607,6 +655,21 @@ impl Report {
             self.mapping_write_pages
         );
         let _ = writeln!(o, "WAF        {}", waf_text(self.waf));
+        if let Some(p) = &self.power_loss {
+            let t = &self.traffic;
+            let _ = writeln!(
+                o,
+                "traffic    UD {} + MD {} + GUD {} + GMD {} pages; {} of {} translation pages protected, at most {} dirty (capacitors: {:.3} ms to write them)",
+                t.user_pages,
+                t.mapping_pages,
+                t.gc_user_pages,
+                t.gc_mapping_pages,
+                p.protected_translation_pages,
+                p.translation_pages,
+                p.max_dirty_translation_pages,
+                p.capacitor_flush_ns as f64 / 1e6
+            );
+        }
         let _ = writeln!(
             o,
             "GC         {} background + {} foreground superblocks, {} block erases (per block min {} / mean {:.2} / max {})",

@@ -8,16 +8,18 @@
 pub mod block_manager;
 pub mod mapping;
 pub mod stats;
+pub mod translation;
 pub mod write_buffer;
 
 use crate::addr::{Lpn, Ppn, NO_SUPERBLOCK};
 use crate::config::Config;
-use crate::flash::{transfer_ns, Cause, FlashOp, FlashTiming, OpTimes};
+use crate::flash::{transfer_ns, Cause, FlashOp, FlashTiming, OpTimes, MAPPING_PLACEMENT};
 use crate::geometry::Geometry;
 use crate::request::{Op, PageSpan, Request};
 use block_manager::{BlockManager, SuperblockState};
 use mapping::MappingTable;
 pub use stats::FtlStats;
+use translation::TranslationPages;
 use write_buffer::{BufferPolicy, WriteBuffer};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -57,9 +59,23 @@ pub struct Ftl<M: MappingTable> {
     gc_background_below: u32,
     /// Background GC only takes victims with at least this many invalid pages (FEMU: 1/8).
     gc_background_min_invalid: u32,
+    dirty_victim: crate::config::DirtyVictim,
     /// GC's list of (ppn, lpn) to move, kept to avoid allocating per victim.
     gc_moves: Vec<(Ppn, Lpn)>,
+    /// The mapping table's durable copy in translation pages, when the protected ratio is
+    /// below 1 (`translation.rs`); None: every change is protected, nothing is written back.
+    translation: Option<TranslationPages>,
     stats: FtlStats,
+}
+
+/// What a power cut costs (`Ftl::power_cut`): the write buffer and the dirty translation pages
+/// programmed on capacitor power.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PowerCut {
+    pub buffered_pages: u64,
+    pub dirty_translation_pages: u64,
+    /// When the last of them is durable.
+    pub done_ns: u64,
 }
 
 /// How many GC moves ahead the mapping entry is prefetched: enough to overlap cache misses.
@@ -80,6 +96,17 @@ impl<M: MappingTable> Ftl<M> {
         let gc_foreground_below =
             below(geometry.gc_foreground_free_superblocks).max(geometry.free_superblocks_min);
         let gc_background_below = below(geometry.gc_background_free_superblocks);
+        let translation = geometry.protected_translation_pages.map(|budget| {
+            TranslationPages::new(
+                geometry.entries_per_translation_page,
+                geometry.translation_pages,
+                budget,
+                config.ftl.dirty_victim,
+                false,
+            )
+        });
+        // One frontier per stream (two with GC's apart), and the translation pages' last.
+        let frontiers = config.ftl.streams as usize * 2 + usize::from(translation.is_some());
         Self {
             map,
             lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, Lpn::NONE),
@@ -89,7 +116,7 @@ impl<M: MappingTable> Ftl<M> {
                     superblock: NO_SUPERBLOCK,
                     next_slot: 0
                 };
-                config.ftl.streams as usize * 2
+                frontiers
             ],
             gc_separate_frontier: config.ftl.gc_separate_frontier,
             timing: FlashTiming::new(&config.flash, &geometry),
@@ -103,7 +130,9 @@ impl<M: MappingTable> Ftl<M> {
             gc_foreground_below,
             gc_background_below,
             gc_background_min_invalid: (geometry.pages_per_superblock / 8).max(1),
+            dirty_victim: config.ftl.dirty_victim,
             gc_moves: Vec::with_capacity(geometry.pages_per_superblock as usize),
+            translation,
             stats: FtlStats::default(),
             geometry,
         }
@@ -121,6 +150,9 @@ impl<M: MappingTable> Ftl<M> {
     pub fn reset_stats(&mut self) {
         self.stats = FtlStats::default();
         self.timing.reset_busy();
+        if let Some(t) = &mut self.translation {
+            t.reset_max();
+        }
         self.map.reset_activity();
     }
 
@@ -156,6 +188,47 @@ impl<M: MappingTable> Ftl<M> {
             + self.lpn_of_ppn.capacity() * 4
             + self.blocks.heap_bytes()
             + self.buffer.heap_bytes()
+            + self.translation.as_ref().map_or(0, |t| t.heap_bytes())
+    }
+
+    /// The translation pages' books, when the mapping is persisted (protected ratio below 1).
+    pub fn translation(&self) -> Option<&TranslationPages> {
+        self.translation.as_ref()
+    }
+
+    /// Keeps every entry's durable copy (4 bytes per LPN), so that a check can compare what a
+    /// restart after `power_cut` would read with what was acknowledged. Call before any write.
+    pub fn keep_durable_copy(&mut self) {
+        if let Some(t) = &self.translation {
+            self.translation = Some(TranslationPages::new(
+                t.entries_per_page(),
+                self.geometry.translation_pages,
+                t.budget(),
+                self.dirty_victim,
+                true,
+            ));
+        }
+    }
+
+    /// Power fails at `now_ns`: on capacitor power the write buffer is programmed, then every
+    /// dirty translation page. Afterwards the durable state (translation pages on flash) maps
+    /// every acknowledged write.
+    pub fn power_cut(&mut self, now_ns: u64) -> PowerCut {
+        let buffered_pages = u64::from(self.buffer.len());
+        let mut done_ns = self.drain_buffer(now_ns);
+        let dirty = self
+            .translation
+            .as_ref()
+            .map(|t| t.dirty_pages())
+            .unwrap_or_default();
+        for &page in &dirty {
+            done_ns = done_ns.max(self.write_back(page, Cause::Mapping, now_ns));
+        }
+        PowerCut {
+            buffered_pages,
+            dirty_translation_pages: dirty.len() as u64,
+            done_ns,
+        }
     }
 
     /// Where `lpn` lives on flash now (None when unmapped), ignoring the write buffer. For
@@ -248,7 +321,7 @@ impl<M: MappingTable> Ftl<M> {
                 // Only whole pages are deallocated; the partial ends of a trim keep their data,
                 // as an SSD with page-granular mapping does.
                 for lpn in span.whole() {
-                    self.trim_page(Lpn::new(lpn as u32));
+                    self.trim_page(Lpn::new(lpn as u32), now_ns);
                 }
                 done_ns = now_ns + self.host_page_ns;
             }
@@ -327,9 +400,13 @@ impl<M: MappingTable> Ftl<M> {
         self.drain_buffer(now_ns)
     }
 
-    fn trim_page(&mut self, lpn: Lpn) {
+    fn trim_page(&mut self, lpn: Lpn, now_ns: u64) {
         self.stats.host_trim_pages += 1;
         self.buffer.discard(lpn);
+        if self.translation.is_some() && self.map.get_uncounted(lpn.get()).is_some() {
+            // The entry changes: its translation page becomes dirty.
+            self.make_dirty(lpn, now_ns);
+        }
         if let Some(old) = self.map.remove(lpn.get()) {
             self.blocks.invalidate(Ppn::new(old));
         }
@@ -371,6 +448,9 @@ impl<M: MappingTable> Ftl<M> {
     fn collect_one(&mut self, min_invalid: u32, now_ns: u64) -> Option<u64> {
         let victim = self.blocks.pick_victim(min_invalid)?;
         let stream = self.blocks.stream_of(victim);
+        if stream == MAPPING_PLACEMENT {
+            return Some(self.collect_translation(victim, now_ns));
+        }
         let base = victim * self.geometry.pages_per_superblock;
         // Gather the moves first: the reverse map is read sequentially, and each mapping entry
         // (a likely cache miss) is prefetched a few moves before it is updated.
@@ -424,6 +504,9 @@ impl<M: MappingTable> Ftl<M> {
         } else {
             Cause::Host
         };
+        // The entry is about to change: a translation page that must become dirty may first
+        // need another written back, and this program waits for it.
+        let ready_ns = self.make_dirty(lpn, ready_ns);
         let (ppn, filled) = self.allocate(stream, cause);
         let times = self.flash(FlashOp::Program { ppn }, cause, stream, ready_ns);
         let old = match moved_from {
@@ -473,17 +556,120 @@ impl<M: MappingTable> Ftl<M> {
         times
     }
 
+    /// `lpn`'s entry is about to change: its translation page becomes dirty, after writing
+    /// another back if the protected budget is full. Returns when the change may proceed.
+    #[inline(always)]
+    fn make_dirty(&mut self, lpn: Lpn, ready_ns: u64) -> u64 {
+        let Some(t) = &self.translation else {
+            return ready_ns;
+        };
+        let page = t.page_of(lpn);
+        let ready_ns = match t.must_write_back_for(page) {
+            Some(victim) => self.write_back(victim, Cause::Mapping, ready_ns),
+            None => ready_ns,
+        };
+        if let Some(t) = &mut self.translation {
+            t.touch(page);
+        }
+        ready_ns
+    }
+
+    /// Programs translation page `page` with the table's current entries (mapping data, MD);
+    /// returns when it is durable.
+    #[cold]
+    #[inline(never)]
+    fn write_back(&mut self, page: u32, cause: Cause, ready_ns: u64) -> u64 {
+        let (ppn, filled) = self.allocate_at(self.mapping_frontier(), MAPPING_PLACEMENT);
+        let done_ns = self
+            .flash(FlashOp::Program { ppn }, cause, MAPPING_PLACEMENT, ready_ns)
+            .done_ns;
+        let map = &self.map;
+        let t = self.translation.as_mut().expect("persisted mapping");
+        let old = t.written(page, ppn, |lpn| map.get_uncounted(lpn).unwrap_or(u32::MAX));
+        self.place_translation_page(page, ppn, old, filled);
+        done_ns
+    }
+
+    /// Translation page `page` now lives at `ppn` (it lived at `old`).
+    fn place_translation_page(&mut self, page: u32, ppn: Ppn, old: Ppn, filled: bool) {
+        if !old.is_none() {
+            self.blocks.invalidate(old);
+        }
+        // In a translation superblock the reverse map holds translation page numbers.
+        self.lpn_of_ppn[ppn.index()] = Lpn::new(page);
+        self.blocks.mark_valid(ppn);
+        if filled {
+            self.blocks.close(self.geometry.superblock_of(ppn));
+        }
+    }
+
+    /// The translation pages' frontier: the last one.
+    fn mapping_frontier(&self) -> usize {
+        self.frontiers.len() - 1
+    }
+
+    /// GC of a translation superblock: its valid translation pages move to the translation
+    /// frontier (GC of mapping data, GMD), then it is erased.
+    #[cold]
+    #[inline(never)]
+    fn collect_translation(&mut self, victim: u32, now_ns: u64) -> u64 {
+        let base = victim * self.geometry.pages_per_superblock;
+        let mut done_ns = now_ns;
+        for w in 0..self.blocks.valid_words(victim).len() {
+            let mut bits = self.blocks.valid_words(victim)[w];
+            while bits != 0 {
+                let from = Ppn::new(base + w as u32 * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+                let page = self.lpn_of_ppn[from.index()].get();
+                let read_ns = self
+                    .flash(
+                        FlashOp::Read { ppn: from },
+                        Cause::Gc,
+                        MAPPING_PLACEMENT,
+                        now_ns,
+                    )
+                    .done_ns;
+                let (to, filled) = self.allocate_at(self.mapping_frontier(), MAPPING_PLACEMENT);
+                let t = self.flash(
+                    FlashOp::Program { ppn: to },
+                    Cause::Gc,
+                    MAPPING_PLACEMENT,
+                    read_ns,
+                );
+                done_ns = done_ns.max(t.done_ns);
+                self.translation
+                    .as_mut()
+                    .expect("translation superblocks only when persisted")
+                    .moved(page, from, to);
+                self.place_translation_page(page, to, from, filled);
+            }
+        }
+        debug_assert_eq!(self.blocks.valid_count(victim), 0);
+        self.blocks.erase(victim);
+        let erase = FlashOp::Erase { superblock: victim };
+        done_ns.max(
+            self.flash(erase, Cause::Gc, MAPPING_PLACEMENT, now_ns)
+                .done_ns,
+        )
+    }
+
     /// The next page of the frontier, and whether that page fills its superblock.
     #[inline]
     fn allocate(&mut self, stream: u8, cause: Cause) -> (Ppn, bool) {
         let index =
             stream as usize * 2 + usize::from(cause == Cause::Gc && self.gc_separate_frontier);
+        self.allocate_at(index, stream)
+    }
+
+    /// The next page of frontier `index`, whose superblocks belong to `placement`.
+    #[inline]
+    fn allocate_at(&mut self, index: usize, placement: u8) -> (Ppn, bool) {
         let pps = self.geometry.pages_per_superblock;
         let mut f = self.frontiers[index];
         if f.superblock == NO_SUPERBLOCK {
             f.superblock = self
                 .blocks
-                .take_free(stream)
+                .take_free(placement)
                 .expect("free pool empty: GC reserve violated");
             f.next_slot = 0;
         }
@@ -519,7 +705,40 @@ impl<M: MappingTable> Ftl<M> {
         let valid: u64 = (0..self.geometry.superblocks)
             .map(|sb| u64::from(self.blocks.valid_count(sb)))
             .sum();
-        assert_eq!(valid, mapped, "valid pages vs mapped LPNs");
+        let mut translation_pages = 0u64;
+        if let Some(t) = &self.translation {
+            t.check();
+            for page in 0..self.geometry.translation_pages {
+                // A clean page's durable copy is the table's: no change went unrecorded.
+                if !t.is_dirty(page) {
+                    for lpn in t.lpns_of(page, self.geometry.logical_pages).map(Lpn::new) {
+                        if let Some(durable) = t.durable(lpn) {
+                            let now = self.map.get_uncounted(lpn.get()).unwrap_or(u32::MAX);
+                            assert_eq!(durable, now, "clean translation page {page}, lpn {lpn}");
+                        }
+                    }
+                }
+                let at = t.location(page);
+                if at.is_none() {
+                    continue;
+                }
+                translation_pages += 1;
+                assert!(
+                    self.blocks.is_valid(at),
+                    "translation page {page} at {at} not valid"
+                );
+                assert_eq!(self.lpn_of_ppn[at.index()], Lpn::new(page));
+                assert_eq!(
+                    self.blocks.stream_of(self.geometry.superblock_of(at)),
+                    MAPPING_PLACEMENT
+                );
+            }
+        }
+        assert_eq!(
+            valid,
+            mapped + translation_pages,
+            "valid pages vs mapped LPNs and translation pages"
+        );
         for f in &self.frontiers {
             if f.superblock != NO_SUPERBLOCK {
                 assert_eq!(self.blocks.state(f.superblock), SuperblockState::Open);

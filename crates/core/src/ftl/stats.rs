@@ -1,6 +1,6 @@
 //! Counters the FTL keeps; the report derives every ratio from them.
 
-use crate::flash::{Cause, FlashCounts};
+use crate::flash::{Cause, FlashCounts, MAPPING_PLACEMENT};
 
 /// What the host asked of the FTL and what the FTL did. Flash work is counted once, by cause and
 /// placement, in `flash`; the page counts below it are views of that record.
@@ -39,6 +39,16 @@ impl FtlStats {
     /// Flash page reads for host reads.
     pub fn host_flash_read_pages(&self) -> u64 {
         self.flash.read_pages(Cause::Host)
+    }
+
+    /// GC's programs of translation pages (moved out of translation superblocks: GMD).
+    pub fn gc_mapping_write_pages(&self) -> u64 {
+        self.flash.placements()[usize::from(MAPPING_PLACEMENT)].program_pages[Cause::Gc as usize]
+    }
+
+    /// GC's programs of user data (GUD).
+    pub fn gc_user_write_pages(&self) -> u64 {
+        self.gc_write_pages() - self.gc_mapping_write_pages()
     }
 
     pub fn gc_read_pages(&self) -> u64 {

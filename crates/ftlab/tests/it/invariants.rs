@@ -192,3 +192,96 @@ proptest! {
         prop_assert!(r.device.free_superblocks_end >= 1);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
+
+    /// The mapping persisted in translation pages (`ftl.protected_ratio` below 1), under random
+    /// writes, trims, flushes, GC of data and of translation superblocks, and power cuts at random
+    /// points: the dirty translation pages never exceed the protected budget, a clean page's
+    /// durable copy is always the table's (checked in `check_invariants`), and after each cut the
+    /// durable state alone (translation pages on flash) maps every acknowledged write and no
+    /// trimmed page.
+    #[test]
+    fn the_persisted_mapping_survives_power_cuts(
+        entry_bytes in prop_oneof![Just(256u32), Just(512), Just(1024)],
+        ratio in prop_oneof![Just(0.05f64), Just(0.2), Just(0.5)],
+        buffer_pages in prop_oneof![Just(0u32), Just(8)],
+        lru in any::<bool>(),
+        actions in prop::collection::vec((action(64), 0..40u8), 1..600),
+    ) {
+        let mut b = ConfigBuilder::from_preset("femu").unwrap();
+        for s in [
+            "flash.channels=2".to_string(),
+            "flash.dies_per_channel=1".into(),
+            format!("flash.blocks_per_die={BLOCKS_PER_DIE}"),
+            format!("flash.pages_per_block={PAGES_PER_BLOCK}"),
+            "flash.superblock_dies=1".into(),
+            "capacity.over_provisioning=0.5".into(),
+            format!("ftl.protected_ratio={ratio}"),
+            format!("ftl.mapping_entry_bytes={entry_bytes}"),
+            format!("ftl.dirty_victim={}", if lru { "lru" } else { "fifo" }),
+            format!("ftl.write_buffer_mib={}", f64::from(buffer_pages) * 4096.0 / 1048576.0),
+        ] {
+            b.set(&s).unwrap();
+        }
+        let config = b.build().unwrap();
+        let geometry = config.geometry().unwrap();
+        let logical = geometry.logical_pages;
+        let mut ftl = Ftl::new(&config, geometry.clone(), FlatMapping::new(logical));
+        ftl.keep_durable_copy();
+        let budget = ftl.translation().expect("persisted").budget();
+        let mut oracle: HashSet<u64> = HashSet::new();
+        let mut now = 0u64;
+        let mut cuts = 0;
+        for (a, cut) in actions {
+            let request = match a {
+                Action::Write { page, pages, .. } => {
+                    let page = page % logical;
+                    let pages = pages.min(logical - page);
+                    for p in page..page + pages { oracle.insert(p); }
+                    Request::new(0, Op::Write, page * 4096, pages * 4096)
+                }
+                Action::PartialWrite { byte, len } => {
+                    let byte = byte % (logical * 4096);
+                    let len = len.min(logical * 4096 - byte);
+                    for p in byte / 4096..=(byte + len - 1) / 4096 { oracle.insert(p); }
+                    Request::new(0, Op::Write, byte, len)
+                }
+                Action::Trim { page, pages } => {
+                    let page = page % logical;
+                    let pages = pages.min(logical - page);
+                    for p in page..page + pages { oracle.remove(&p); }
+                    Request::new(0, Op::Trim, page * 4096, pages * 4096)
+                }
+                Action::Read { page } => Request::new(0, Op::Read, (page % logical) * 4096, 4096),
+                Action::Flush => Request::new(0, Op::Flush, 0, 0),
+            };
+            now = ftl.submit(&request, now).unwrap().max(now) + 1000;
+            ftl.check_invariants();
+            let t = ftl.translation().unwrap();
+            prop_assert!(t.dirty_count() <= budget && t.max_dirty() <= budget);
+            if cut == 0 {
+                cuts += 1;
+                let c = ftl.power_cut(now);
+                now = c.done_ns.max(now);
+                prop_assert!(c.dirty_translation_pages <= u64::from(budget));
+                let t = ftl.translation().unwrap();
+                prop_assert_eq!(t.dirty_count(), 0);
+                for lpn in 0..logical {
+                    let durable = t.durable(Lpn::new(lpn as u32)).unwrap();
+                    prop_assert_eq!(durable != u32::MAX, oracle.contains(&lpn), "lpn {} after cut {}", lpn, cuts);
+                    if durable != u32::MAX {
+                        prop_assert_eq!(Some(durable), ftl.lookup(Lpn::new(lpn as u32)).map(|p| p.get()));
+                    }
+                }
+                ftl.check_invariants();
+            }
+        }
+        let s = ftl.stats();
+        prop_assert_eq!(
+            s.nand_write_pages(),
+            s.host_program_pages() + s.gc_write_pages() + s.mapping_write_pages()
+        );
+    }
+}
