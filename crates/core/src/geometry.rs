@@ -199,7 +199,7 @@ impl Geometry {
         }
         let entry = ftl.mapping_entry_bytes;
         // Large entries make small test devices with many translation pages.
-        if entry < 4 || entry > f.page_size_bytes || f.page_size_bytes % entry != 0 {
+        if entry < 4 || entry > f.page_size_bytes || !f.page_size_bytes.is_multiple_of(entry) {
             return Err(invalid(
                 "ftl.mapping_entry_bytes",
                 format!(

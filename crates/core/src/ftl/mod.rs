@@ -824,3 +824,54 @@ mod tests {
         assert_eq!(s.host_program_pages(), s.host_write_pages);
     }
 }
+
+#[cfg(test)]
+mod translation_tests {
+    use super::*;
+    use crate::config::ConfigBuilder;
+    use crate::ftl::mapping::FlatMapping;
+
+    /// A small device with a tiny protected budget, overwritten many times: translation pages
+    /// are written back (MD), their superblocks fill with stale copies and GC collects them
+    /// (GMD), and every invariant (the durable copy's included) holds throughout.
+    #[test]
+    fn translation_superblocks_are_collected_like_data() {
+        let mut b = ConfigBuilder::from_preset("femu").unwrap();
+        for s in [
+            "flash.channels=2",
+            "flash.dies_per_channel=1",
+            "flash.blocks_per_die=24",
+            "flash.pages_per_block=8",
+            "flash.superblock_dies=1",
+            "capacity.over_provisioning=0.5",
+            "ftl.protected_ratio=0.1",
+            "ftl.mapping_entry_bytes=512",
+        ] {
+            b.set(s).unwrap();
+        }
+        let config = b.build().unwrap();
+        let g = config.geometry().unwrap();
+        let mut ftl = Ftl::new(&config, g.clone(), FlatMapping::new(g.logical_pages));
+        ftl.keep_durable_copy();
+        let mut rng = crate::rng::SplitMix64::new(3);
+        let mut now = 0;
+        for i in 0..20 * g.logical_pages {
+            let lpn = rng.bounded(g.logical_pages);
+            let r = Request::new(now, Op::Write, lpn * 4096, 4096);
+            now = ftl.submit(&r, now).unwrap();
+            if i % 97 == 0 {
+                ftl.check_invariants();
+            }
+        }
+        ftl.check_invariants();
+        let s = ftl.stats();
+        assert!(s.mapping_write_pages() > 0, "{s:?}");
+        assert!(
+            s.gc_mapping_write_pages() > 0,
+            "no translation superblock collected: {s:?}"
+        );
+        assert!(s.gc_user_write_pages() > 0, "{s:?}");
+        let t = ftl.translation().unwrap();
+        assert!(t.max_dirty() <= t.budget());
+    }
+}
