@@ -226,6 +226,22 @@ pub struct FtlConfig {
     /// Which dirty translation page is written back when the protected budget is full.
     #[serde(default)]
     pub dirty_victim: DirtyVictim,
+    /// The order the write buffer's pages leave in (docs/persistence.md).
+    #[serde(default)]
+    pub buffer_policy: BufferPolicy,
+}
+
+/// The write buffer's eviction order (`ftl.buffer_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BufferPolicy {
+    /// Pages leave in the order they first entered.
+    #[default]
+    Fifo,
+    /// Pages leave a translation page's worth at a time: the group of the oldest page once it
+    /// has waited two buffers' worth of writes, else the dirty translation page with the most
+    /// buffered pages, else the largest group (the Hexa-SSD paper's reordering).
+    Hexa,
 }
 
 /// The dirty translation page written back when one more must become dirty

@@ -20,7 +20,7 @@ use block_manager::{BlockManager, SuperblockState};
 use mapping::MappingTable;
 pub use stats::FtlStats;
 use translation::TranslationPages;
-use write_buffer::{BufferPolicy, WriteBuffer};
+use write_buffer::WriteBuffer;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FtlError {
@@ -123,7 +123,8 @@ impl<M: MappingTable> Ftl<M> {
             buffer: WriteBuffer::new(
                 buffer_pages as u32,
                 geometry.logical_pages,
-                BufferPolicy::Fifo,
+                config.ftl.buffer_policy,
+                geometry.entries_per_translation_page,
             ),
             host_page_ns: transfer_ns(page_bytes, config.ftl.host_interface_mb_per_s),
             streams: config.ftl.streams,
@@ -377,7 +378,7 @@ impl<M: MappingTable> Ftl<M> {
 
     /// Writes the buffer's next page to flash; returns when its slot is free.
     fn evict_one(&mut self, now_ns: u64) -> u64 {
-        match self.buffer.pop_next() {
+        match self.buffer.pop_next(self.translation.as_ref()) {
             Some((lpn, stream)) if !lpn.is_none() => {
                 self.program_host_page(lpn, stream, now_ns).transferred_ns
             }
@@ -387,7 +388,7 @@ impl<M: MappingTable> Ftl<M> {
 
     fn drain_buffer(&mut self, now_ns: u64) -> u64 {
         let mut done_ns = now_ns;
-        while let Some((lpn, stream)) = self.buffer.pop_next() {
+        while let Some((lpn, stream)) = self.buffer.pop_next(self.translation.as_ref()) {
             if !lpn.is_none() {
                 done_ns = done_ns.max(self.program_host_page(lpn, stream, now_ns).done_ns);
             }

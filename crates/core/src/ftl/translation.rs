@@ -141,6 +141,18 @@ impl TranslationPages {
         self.gtd[page as usize] = to;
     }
 
+    /// The dirty pages, oldest first, without allocating.
+    pub fn dirty_iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut at = self.head;
+        std::iter::from_fn(move || {
+            (at != NO_PAGE).then(|| {
+                let page = at;
+                at = self.next[at as usize];
+                page
+            })
+        })
+    }
+
     /// The dirty pages, oldest first.
     pub fn dirty_pages(&self) -> Vec<u32> {
         let mut pages = Vec::with_capacity(self.dirty_count as usize);

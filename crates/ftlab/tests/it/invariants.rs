@@ -201,13 +201,14 @@ proptest! {
     /// points: the dirty translation pages never exceed the protected budget, a clean page's
     /// durable copy is always the table's (checked in `check_invariants`), and after each cut the
     /// durable state alone (translation pages on flash) maps every acknowledged write and no
-    /// trimmed page.
+    /// trimmed page. Both write buffer policies.
     #[test]
     fn the_persisted_mapping_survives_power_cuts(
         entry_bytes in prop_oneof![Just(256u32), Just(512), Just(1024)],
         ratio in prop_oneof![Just(0.05f64), Just(0.2), Just(0.5)],
         buffer_pages in prop_oneof![Just(0u32), Just(8)],
         lru in any::<bool>(),
+        hexa in any::<bool>(),
         actions in prop::collection::vec((action(64), 0..40u8), 1..600),
     ) {
         let mut b = ConfigBuilder::from_preset("femu").unwrap();
@@ -221,6 +222,7 @@ proptest! {
             format!("ftl.protected_ratio={ratio}"),
             format!("ftl.mapping_entry_bytes={entry_bytes}"),
             format!("ftl.dirty_victim={}", if lru { "lru" } else { "fifo" }),
+            format!("ftl.buffer_policy={}", if hexa { "hexa" } else { "fifo" }),
             format!("ftl.write_buffer_mib={}", f64::from(buffer_pages) * 4096.0 / 1048576.0),
         ] {
             b.set(&s).unwrap();
