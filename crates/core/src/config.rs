@@ -309,6 +309,11 @@ pub struct WorkloadConfig {
     /// Malformed trace lines are counted and skipped instead of being an error.
     #[serde(default)]
     pub skip_bad_lines: bool,
+    /// Power fails this many simulated ns into the measured phase: the run stops there, the
+    /// write buffer and the dirty translation pages are programmed on capacitor power, and the
+    /// durable state is checked against the table (the report's `power_cut`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_cut_at_ns: Option<u64>,
 }
 
 impl WorkloadConfig {

@@ -10,9 +10,11 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Which benchmarks: steady (4 and 64 GiB steady-state random writes), replay (DiskSim
-    /// trace replay), all (both); store (the compressed page store) and serve (ftlab serve
-    /// against nbdkit memory, with fio; nbdkit null beside them as the client's ceiling) separately.
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "store", "serve"])]
+    /// trace replay), persisted (the default job with the mapping persisted, 1 % protected,
+    /// against the model off), all (those three); store (the compressed page store) and serve
+    /// (ftlab serve against nbdkit memory, with fio; nbdkit null beside them as the client's
+    /// ceiling) separately.
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "store", "serve"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -165,6 +167,30 @@ fn replay(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The default job (`ftlab sim`'s built-in default) with the mapping persisted in translation
+/// pages, 1 % protected, against the same job with every change protected (the model off).
+fn persisted() -> Result<()> {
+    let rate = |ratio: f64| -> Result<(f64, Option<f64>)> {
+        let mut b = ConfigBuilder::from_preset(ftlab_core::config::DEFAULT_PRESET)?;
+        b.set(&format!("ftl.protected_ratio={ratio}"))?;
+        let report = ftlab_sim::sim::run(&b.build()?, &mut |_| {})?;
+        Ok((
+            report.host_write_pages as f64 / report.wall_seconds,
+            report.waf,
+        ))
+    };
+    let (off, _) = rate(1.0)?;
+    let (on, waf) = rate(0.01)?;
+    println!(
+        "| default job, mapping persisted, 1 % of translation pages protected | {:.2} M pages/s | WAF {} | the same job, every change protected {:.2} M/s | ratio {:.3} |",
+        on / 1e6,
+        ftlab_sim::report::waf_text(waf),
+        off / 1e6,
+        on / off
+    );
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "serve" {
         return crate::bench_serve::run(machine(), args.seconds, args.repeat);
@@ -189,6 +215,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.which == "all" || args.which == "replay" {
         replay(&args)?;
+    }
+    if args.which == "all" || args.which == "persisted" {
+        persisted()?;
     }
     Ok(())
 }

@@ -106,6 +106,10 @@ struct SimArgs {
     /// Fold addresses beyond the logical capacity into it instead of failing.
     #[arg(long)]
     wrap: bool,
+    /// Cut power NS simulated nanoseconds into the measured phase (workload.power_cut_at_ns):
+    /// report what capacitors flush and check that the durable state maps every write.
+    #[arg(long, value_name = "NS")]
+    power_cut_at: Option<u64>,
     /// Sequential fill then random overwrite before measuring (workload.precondition; on by
     /// default for generators, off for --trace).
     #[arg(long)]
@@ -247,6 +251,9 @@ fn run_sim(args: SimArgs) -> Result<()> {
     }
     if args.wrap {
         extra.push("workload.wrap=true".into());
+    }
+    if let Some(ns) = args.power_cut_at {
+        extra.push(format!("workload.power_cut_at_ns={ns}"));
     }
     if args.precondition {
         extra.push("workload.precondition=true".into());

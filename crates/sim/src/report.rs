@@ -351,6 +351,24 @@ pub struct PowerLoss {
     pub capacitor_flush_ns: u64,
 }
 
+/// A power cut (`workload.power_cut_at_ns`): what was programmed on capacitor power, and the
+/// durable state checked against the table.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PowerCutInfo {
+    /// Into the measured phase.
+    pub at_ns: u64,
+    pub buffered_pages: u64,
+    pub dirty_translation_pages: u64,
+    /// From the cut (or, when requests that arrived before it were still completing, from the
+    /// last completion) until the last page programmed on capacitor power was durable.
+    pub flush_ns: u64,
+    /// LPNs whose durable entry (translation pages on flash) was compared with the table: every
+    /// one when the mapping is persisted, none otherwise.
+    pub lpns_checked: u64,
+    /// Those that differed (a lost write): 0 unless the model is wrong.
+    pub lpns_not_durable: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GcInfo {
     pub background: u64,
@@ -393,6 +411,9 @@ pub struct Report {
     /// `null` when every mapping change is protected (`ftl.protected_ratio = 1`).
     #[serde(default)]
     pub power_loss: Option<PowerLoss>,
+    /// Only for a run cut short by `workload.power_cut_at_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_cut: Option<PowerCutInfo>,
     pub mapping: MappingInfo,
     pub device: DeviceInfo,
     pub counters: Counters,
@@ -551,6 +572,7 @@ impl Report {
                 max_dirty_translation_pages: t.max_dirty(),
                 capacitor_flush_ns: ftl.timing().idle_program_ns(u64::from(t.max_dirty())),
             }),
+            power_cut: None,
             mapping,
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),
@@ -655,6 +677,18 @@ impl Report {
             self.mapping_write_pages
         );
         let _ = writeln!(o, "WAF        {}", waf_text(self.waf));
+        if let Some(c) = &self.power_cut {
+            let _ = writeln!(
+                o,
+                "power cut  at {:.3} ms: {} buffered pages and {} dirty translation pages programmed on capacitor power in {:.3} ms; durable state: {} LPNs checked against the table, {} not durable",
+                c.at_ns as f64 / 1e6,
+                c.buffered_pages,
+                c.dirty_translation_pages,
+                c.flush_ns as f64 / 1e6,
+                c.lpns_checked,
+                c.lpns_not_durable
+            );
+        }
         if let Some(p) = &self.power_loss {
             let t = &self.traffic;
             let _ = writeln!(

@@ -4,7 +4,7 @@
 //! Does not know: flash internals beyond the FTL's public counters.
 
 use crate::device::{ConfiguredFtl, FtlVisitor};
-use crate::report::{Recorder, Report, TraceInfo};
+use crate::report::{PowerCutInfo, Recorder, Report, TraceInfo};
 use crate::trace::{TraceError, TraceReader};
 use crate::workload::Generator;
 use ftlab_core::config::Config;
@@ -198,6 +198,10 @@ pub fn run_with<M: MappingTable>(
 ) -> Result<Report, SimError> {
     let geometry = ftl.geometry().clone();
     let w = &config.workload;
+    if w.power_cut_at_ns.is_some() {
+        // The check after the cut compares the durable copy with the table.
+        ftl.keep_durable_copy();
+    }
     let mut start_ns = 0;
     if w.precondition {
         start_ns = precondition(&mut ftl, config, progress);
@@ -246,6 +250,7 @@ pub fn run_with<M: MappingTable>(
     // Two requests of lookahead let the FTL prefetch the cache lines they will touch.
     let mut upcoming = source.next()?;
     let mut after = source.next()?;
+    let cut_ns = w.power_cut_at_ns.map(|at| start_ns.saturating_add(at));
     while let Some(request) = upcoming {
         upcoming = after;
         after = source.next()?;
@@ -257,6 +262,9 @@ pub fn run_with<M: MappingTable>(
             // The earliest completion frees a slot; its entry is replaced below (one sift).
             outstanding.peek().expect("queue depth >= 1").0
         };
+        if cut_ns.is_some_and(|cut| arrival_ns >= cut) {
+            break;
+        }
         recorder.advance(arrival_ns, &ftl);
         let end = request.offset_bytes.saturating_add(request.length_bytes);
         let completion_ns = if request.op != Op::Flush && end > capacity && w.wrap {
@@ -295,8 +303,27 @@ pub fn run_with<M: MappingTable>(
             });
         }
     }
-    // The run ends with a flush: buffered data reaches flash and is counted.
-    end_ns = end_ns.max(ftl.flush(end_ns));
+    // The run ends with a flush: buffered data reaches flash and is counted; or with a power
+    // cut, which programs the same on capacitor power, and the translation pages too.
+    let power_cut = match cut_ns {
+        Some(cut) => {
+            // Every request that arrived before the cut was acknowledged (the model commits a
+            // request as it is submitted): the capacitors start once the last has completed.
+            let from_ns = cut.max(end_ns);
+            let c = ftl.power_cut(from_ns);
+            end_ns = end_ns.max(c.done_ns);
+            Some(PowerCutInfo::check(
+                &ftl,
+                cut - start_ns,
+                c.done_ns - from_ns,
+                c,
+            ))
+        }
+        None => {
+            end_ns = end_ns.max(ftl.flush(end_ns));
+            None
+        }
+    };
     let wall_seconds = wall.elapsed().as_secs_f64();
     recorder.finish(end_ns, &ftl);
     let trace = match &source {
@@ -308,7 +335,7 @@ pub fn run_with<M: MappingTable>(
         }),
         Source::Generator { .. } => None,
     };
-    Ok(Report::build(
+    let mut report = Report::build(
         config,
         &mut ftl,
         recorder,
@@ -316,7 +343,39 @@ pub fn run_with<M: MappingTable>(
         end_ns,
         trace,
         wall_seconds,
-    ))
+    );
+    report.power_cut = power_cut;
+    Ok(report)
+}
+
+impl PowerCutInfo {
+    /// What the cut `c` at `at_ns` (into the measured phase) flushed in `flush_ns`, and the durable state
+    /// checked entry by entry against the table (which holds every acknowledged write).
+    fn check<M: MappingTable>(
+        ftl: &Ftl<M>,
+        at_ns: u64,
+        flush_ns: u64,
+        c: ftlab_core::ftl::PowerCut,
+    ) -> Self {
+        let logical = ftl.geometry().logical_pages;
+        let (mut checked, mut wrong) = (0u64, 0u64);
+        if let Some(t) = ftl.translation() {
+            for lpn in (0..logical as u32).map(ftlab_core::addr::Lpn::new) {
+                let durable = t.durable(lpn).expect("kept for the cut");
+                let table = ftl.lookup(lpn).map_or(u32::MAX, |p| p.get());
+                checked += 1;
+                wrong += u64::from(durable != table);
+            }
+        }
+        PowerCutInfo {
+            at_ns,
+            buffered_pages: c.buffered_pages,
+            dirty_translation_pages: c.dirty_translation_pages,
+            flush_ns,
+            lpns_checked: checked,
+            lpns_not_durable: wrong,
+        }
+    }
 }
 
 #[inline]

@@ -584,9 +584,16 @@ impl<M: MappingTable> Ftl<M> {
         let done_ns = self
             .flash(FlashOp::Program { ppn }, cause, MAPPING_PLACEMENT, ready_ns)
             .done_ns;
-        let map = &self.map;
+        let (map, logical) = (&self.map, self.geometry.logical_pages);
         let t = self.translation.as_mut().expect("persisted mapping");
-        let old = t.written(page, ppn, |lpn| map.get_uncounted(lpn).unwrap_or(u32::MAX));
+        // The last translation page may hold entries past the end: unmapped.
+        let entry = |lpn: u32| {
+            (u64::from(lpn) < logical)
+                .then(|| map.get_uncounted(lpn))
+                .flatten()
+                .unwrap_or(u32::MAX)
+        };
+        let old = t.written(page, ppn, entry);
         self.place_translation_page(page, ppn, old, filled);
         done_ns
     }

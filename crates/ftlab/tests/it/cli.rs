@@ -1438,3 +1438,47 @@ fn plots_clip_spikes_say_zero_latencies_and_empty_reports() {
     let latency = std::fs::read_to_string(dir.join("e-latency.svg")).unwrap();
     assert!(latency.contains("no reads or writes"));
 }
+
+/// `--power-cut-at`: the run stops at the cut, the write buffer and the dirty translation pages
+/// are programmed on capacitor power (no more than the protected budget of the latter), and the
+/// durable state maps every LPN as the table does.
+#[test]
+fn a_power_cut_loses_no_acknowledged_write() {
+    let dir = temp_dir("cli-power-cut");
+    let json = dir.join("r.json");
+    let (ok, stdout, stderr) = ftlab(&[
+        "sim",
+        "--set",
+        "flash.blocks_per_die=64",
+        "--set",
+        "capacity.over_provisioning=0.25",
+        "--set",
+        "ftl.protected_ratio=0.01",
+        "--set",
+        "ftl.write_buffer_mib=16",
+        "--set",
+        "workload.requests=100000",
+        "--power-cut-at",
+        "20000000",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("power cut"), "{stdout}");
+    let r = read_json(&json);
+    let cut = &r["power_cut"];
+    assert_eq!(cut["at_ns"], 20_000_000);
+    assert!(
+        r["requests"]["write"].as_u64().unwrap() < 100_000,
+        "the run stopped: {cut}"
+    );
+    assert!(cut["buffered_pages"].as_u64().unwrap() > 0, "{cut}");
+    let protected = r["power_loss"]["protected_translation_pages"]
+        .as_u64()
+        .unwrap();
+    assert!(cut["dirty_translation_pages"].as_u64().unwrap() <= protected);
+    let logical = r["device"]["logical_bytes"].as_u64().unwrap() / 4096;
+    assert_eq!(cut["lpns_checked"].as_u64().unwrap(), logical);
+    assert_eq!(cut["lpns_not_durable"], 0, "{cut}");
+    assert!(r["traffic"]["mapping_pages"].as_u64().unwrap() > 0);
+}

@@ -101,12 +101,13 @@ fn assert_documented(object: &Value, section: &str, what: &str, elsewhere: &[&st
 }
 
 /// Values for documented keys that no preset prints (the alternatives, and the trace's own).
-const NOT_IN_PRESETS: [(&str, &str); 5] = [
+const NOT_IN_PRESETS: [(&str, &str); 6] = [
     ("capacity.over_provisioning", "0.25"),
     ("capacity.spare_factor", "0.2"),
     ("workload.overwrites", "1.0"),
     ("workload.trace", "\"x.csv\""),
     ("workload.format", "\"msr\""),
+    ("workload.power_cut_at_ns", "1000000"),
 ];
 
 #[test]
@@ -185,6 +186,9 @@ fn the_report_schema_names_every_key_of_a_replays_report() {
         trace.to_str().unwrap(),
         "--set",
         "ftl.mapping=\"learned\"",
+        // Past the trace's end: the run is whole, and the report has its `power_cut`.
+        "--power-cut-at",
+        "1000000000",
         "--json",
         json.to_str().unwrap(),
     ]);

@@ -209,7 +209,8 @@ proptest! {
         buffer_pages in prop_oneof![Just(0u32), Just(8)],
         lru in any::<bool>(),
         hexa in any::<bool>(),
-        actions in prop::collection::vec((action(64), 0..40u8), 1..600),
+        // Over the whole device (264 pages), its partial last translation page included.
+        actions in prop::collection::vec((action(264), 0..40u8), 1..600),
     ) {
         let mut b = ConfigBuilder::from_preset("femu").unwrap();
         for s in [
@@ -218,7 +219,8 @@ proptest! {
             format!("flash.blocks_per_die={BLOCKS_PER_DIE}"),
             format!("flash.pages_per_block={PAGES_PER_BLOCK}"),
             "flash.superblock_dies=1".into(),
-            "capacity.over_provisioning=0.5".into(),
+            // 264 logical pages: the last translation page is partial.
+            "capacity.over_provisioning=0.45".into(),
             format!("ftl.protected_ratio={ratio}"),
             format!("ftl.mapping_entry_bytes={entry_bytes}"),
             format!("ftl.dirty_victim={}", if lru { "lru" } else { "fifo" }),
