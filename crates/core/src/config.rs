@@ -292,6 +292,10 @@ pub struct WorkloadConfig {
     pub precondition: bool,
     #[serde(default = "two_f")]
     pub precondition_overwrites: f64,
+    /// The share of the logical space preconditioning fills (from LBA 0) and overwrites: 0.75
+    /// leaves a device three quarters full.
+    #[serde(default = "one_f64")]
+    pub precondition_fill: f64,
     /// A trace file to replay instead of a generator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
@@ -574,6 +578,12 @@ impl Config {
         let w = &self.workload;
         if w.queue_depth == 0 || w.queue_depth > 65536 {
             return Err(invalid("workload.queue_depth", "must be in 1..=65536"));
+        }
+        if !(w.precondition_fill > 0.0 && w.precondition_fill <= 1.0) {
+            return Err(invalid(
+                "workload.precondition_fill",
+                format!("{} is not in (0, 1]", w.precondition_fill),
+            ));
         }
         if !(w.precondition_overwrites.is_finite() && w.precondition_overwrites >= 0.0) {
             return Err(invalid(

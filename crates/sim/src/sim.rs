@@ -136,7 +136,13 @@ fn precondition<M: MappingTable>(
 ) -> u64 {
     let geometry = ftl.geometry().clone();
     let page = u64::from(geometry.page_size_bytes);
-    let logical = geometry.logical_bytes();
+    // The filled share, in whole pages (all of it by default).
+    let fill = config.workload.precondition_fill;
+    let logical = if fill >= 1.0 {
+        geometry.logical_bytes()
+    } else {
+        ((geometry.logical_pages as f64 * fill) as u64).max(1) * page
+    };
     // Sequential fill in 128 KiB requests (the FTL splits them into pages).
     let chunk = (128 * 1024u64).max(page).min(logical);
     let fill_requests = logical.div_ceil(chunk);
@@ -159,8 +165,7 @@ fn precondition<M: MappingTable>(
         "precondition: sequential fill",
         progress,
     );
-    let random_pages =
-        (config.workload.precondition_overwrites * geometry.logical_pages as f64).round() as u64;
+    let random_pages = (config.workload.precondition_overwrites * (logical / page) as f64).round() as u64;
     // A seed of its own, so the measured workload's sequence does not depend on this phase.
     let mut writer =
         Generator::uniform_writer(config.workload.seed ^ 0x005E_ED0F_F111, logical, page);
