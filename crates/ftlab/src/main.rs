@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 mod bench;
 mod bench_serve;
 mod bench_store;
+mod experiment;
 mod mapbench_cmd;
 mod output;
 mod plot;
@@ -54,6 +55,10 @@ enum Command {
     },
     /// Measure simulator speed (simulated host page writes per wall second) and trace replay.
     Bench(bench::BenchArgs),
+    /// Reproduce a paper's evaluation grid: `ftlab experiment hexa` runs the Hexa-SSD grid
+    /// (protected ratio x write buffer x FIFO/Hexa x random, JESD219, pgbench), in parallel and
+    /// resumable, into target/experiment-hexa/ (a report per point, hexa.csv, hexa.png/svg).
+    Experiment(experiment::ExperimentArgs),
     /// Compare mapping tables (flat u64/u32, hash, extent, learned) on traces: speed, memory,
     /// lossless read-back.
     Mapbench(mapbench_cmd::MapbenchArgs),
@@ -305,6 +310,7 @@ fn main() {
         Command::Sim(args) => run_sim(args),
         Command::Plot { report, out } => plot::run(&report, out.as_deref()),
         Command::Bench(args) => bench::run(args),
+        Command::Experiment(args) => experiment::run(args),
         Command::Mapbench(args) => mapbench_cmd::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Presets => {

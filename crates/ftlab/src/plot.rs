@@ -15,7 +15,7 @@ const FONT_PATHS: [&str; 3] = [
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     let candidates: Vec<PathBuf> = std::env::var_os("FTLAB_FONT")
         .map(PathBuf::from)
         .into_iter()
@@ -39,7 +39,7 @@ fn register_font_bytes(bytes: &'static [u8]) -> Result<(), ()> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| ())
 }
 
-fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(crate) fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing failed: {e:?}")
 }
 

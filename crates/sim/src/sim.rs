@@ -165,7 +165,8 @@ fn precondition<M: MappingTable>(
         "precondition: sequential fill",
         progress,
     );
-    let random_pages = (config.workload.precondition_overwrites * (logical / page) as f64).round() as u64;
+    let random_pages =
+        (config.workload.precondition_overwrites * (logical / page) as f64).round() as u64;
     // A seed of its own, so the measured workload's sequence does not depend on this phase.
     let mut writer =
         Generator::uniform_writer(config.workload.seed ^ 0x005E_ED0F_F111, logical, page);
