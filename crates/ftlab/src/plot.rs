@@ -166,6 +166,21 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
         .map_err(err)?
         .label("cumulative")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    // With the mapping persisted: the translation pages written back per host page (MD), the
+    // part of each interval's WAF that protection ran out for.
+    if rows.iter().any(|x| x.mapping_write_pages > 0) {
+        chart
+            .draw_series(LineSeries::new(
+                rows.iter().filter(|x| x.host_write_pages > 0).map(|x| {
+                    let md = x.mapping_write_pages as f64 / x.host_write_pages as f64;
+                    (t(x.end_ns), md.min(waf_max))
+                }),
+                BLACK.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label("of which mapping writes (MD) per interval")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    }
     draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     let free_max = f64::from(r.device.superblocks);
     let mut chart = ChartBuilder::on(&bottom)
@@ -334,6 +349,8 @@ mod tests {
             iops: 0.0,
             free_superblocks: 0,
             mapping_bytes: 0,
+            mapping_write_pages: 0,
+            gc_write_pages: 0,
         }
     }
 

@@ -36,6 +36,12 @@ pub struct SeriesRow {
     /// table with a buffer or garbage to collect breathes over the run.
     #[serde(default)]
     pub mapping_bytes: u64,
+    /// Of `nand_write_pages`: translation pages written back (MD) and GC's programs (GUD + GMD)
+    /// in this interval.
+    #[serde(default)]
+    pub mapping_write_pages: u64,
+    #[serde(default)]
+    pub gc_write_pages: u64,
 }
 
 /// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
@@ -89,6 +95,8 @@ pub struct Recorder {
     next_boundary_ns: u64,
     last_host: u64,
     last_nand: u64,
+    last_mapping: u64,
+    last_gc: u64,
     requests_in_interval: u64,
     series: Vec<SeriesRow>,
 }
@@ -110,6 +118,8 @@ impl Recorder {
             next_boundary_ns: start_ns + interval_ns,
             last_host: 0,
             last_nand: 0,
+            last_mapping: 0,
+            last_gc: 0,
             requests_in_interval: 0,
             series: Vec::new(),
         }
@@ -141,9 +151,13 @@ impl Recorder {
             iops: self.requests_in_interval as f64 * 1e9 / width_ns.max(1) as f64,
             free_superblocks: ftl.free_superblocks(),
             mapping_bytes: ftl.mapping_bytes() as u64,
+            mapping_write_pages: s.mapping_write_pages() - self.last_mapping,
+            gc_write_pages: s.gc_write_pages() - self.last_gc,
         });
         self.last_host = s.host_write_pages;
         self.last_nand = s.nand_write_pages();
+        self.last_mapping = s.mapping_write_pages();
+        self.last_gc = s.gc_write_pages();
         self.requests_in_interval = 0;
     }
 
@@ -616,12 +630,12 @@ impl Report {
 
     pub fn series_csv(&self) -> String {
         let mut out = String::from(
-            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes\n",
+            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes,mapping_write_pages,gc_write_pages\n",
         );
         for r in &self.series {
             let _ = writeln!(
                 out,
-                "{},{},{},{:.4},{:.4},{:.1},{},{}",
+                "{},{},{},{:.4},{:.4},{:.1},{},{},{},{}",
                 r.end_ns,
                 r.host_write_pages,
                 r.nand_write_pages,
@@ -629,7 +643,9 @@ impl Report {
                 r.waf_cumulative,
                 r.iops,
                 r.free_superblocks,
-                r.mapping_bytes
+                r.mapping_bytes,
+                r.mapping_write_pages,
+                r.gc_write_pages
             );
         }
         out
