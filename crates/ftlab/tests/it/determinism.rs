@@ -232,3 +232,30 @@ fn the_learned_tables_activity_counts_the_measured_phase() {
     assert_eq!(flat.mapping.learned(), None);
     assert!(!flat.to_json().contains("\"learned\""));
 }
+
+/// With the mapping persisted in translation pages and the Hexa buffer, reports are still
+/// deterministic, and every table gives the flat one's figures, write-backs included:
+/// persistence is the FTL's, not the table's.
+#[test]
+fn the_persisted_mapping_is_deterministic_and_the_same_under_every_table() {
+    let sets = [
+        "flash.blocks_per_die=16",
+        "flash.superblock_dies=1",
+        "capacity.over_provisioning=0.25",
+        "workload.kind=uniform",
+        "workload.requests=100000",
+        "workload.precondition=true",
+        "ftl.write_buffer_mib=2",
+        "ftl.buffer_policy=hexa",
+        "ftl.protected_ratio=0.02",
+    ];
+    let a = run(&config("femu", &sets));
+    assert_eq!(a.to_json(), run(&config("femu", &sets)).to_json());
+    assert!(
+        a.traffic.mapping_pages > 0 && a.traffic.gc_user_pages > 0,
+        "{:?}",
+        a.traffic
+    );
+    let (flat, _) = assert_lossless(&sets, &[("hash", 16), ("extent", 16), ("learned", 16)]);
+    assert_eq!(flat.traffic, a.traffic);
+}
