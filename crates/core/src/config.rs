@@ -226,6 +226,11 @@ pub struct FtlConfig {
     /// Which dirty translation page is written back when the protected budget is full.
     #[serde(default)]
     pub dirty_victim: DirtyVictim,
+    /// DRAM for the mapping table, a DFTL-style cache of translation pages: a lookup whose page
+    /// is not cached reads it from flash first (a map read), evicting the least recently used
+    /// (written back if dirty). 0 = the whole table is cached (the default).
+    #[serde(default)]
+    pub mapping_cache_bytes: u64,
     /// The order the write buffer's pages leave in (docs/persistence.md).
     #[serde(default)]
     pub buffer_policy: BufferPolicy,

@@ -37,6 +37,8 @@ pub struct Geometry {
     /// Translation pages that may be dirty at once (`ftl.protected_ratio` of them, at least
     /// one); None when all may (the model is off: nothing is written back).
     pub protected_translation_pages: Option<u32>,
+    /// Translation pages the mapping cache holds (`ftl.mapping_cache_bytes`); None: all.
+    pub cached_translation_pages: Option<u32>,
     /// Background GC while free superblocks <= this (FEMU's `gc_thres_lines`); None = never.
     pub gc_background_free_superblocks: Option<u32>,
     /// Foreground GC while free superblocks <= this (`gc_thres_lines_high`); None = never.
@@ -210,9 +212,26 @@ impl Geometry {
         }
         let entries_per_translation_page = f.page_size_bytes / entry;
         let translation_pages = logical_pages.div_ceil(u64::from(entries_per_translation_page));
-        let persistent = ftl.protected_ratio < 1.0;
+        let cache_pages = ftl.mapping_cache_bytes / u64::from(f.page_size_bytes);
+        let cached_translation_pages = (ftl.mapping_cache_bytes > 0
+            && cache_pages < translation_pages)
+            .then_some(cache_pages as u32);
+        if cached_translation_pages == Some(0) {
+            return Err(invalid(
+                "ftl.mapping_cache_bytes",
+                format!(
+                    "{} bytes hold no {}-byte translation page",
+                    ftl.mapping_cache_bytes, f.page_size_bytes
+                ),
+            ));
+        }
+        // A cache smaller than the table persists it too: what it evicts must be on flash.
+        let persistent = ftl.protected_ratio < 1.0 || cached_translation_pages.is_some();
         let protected_translation_pages = persistent.then(|| {
-            ((ftl.protected_ratio * translation_pages as f64).floor() as u64).max(1) as u32
+            let protected =
+                ((ftl.protected_ratio * translation_pages as f64).floor() as u64).max(1) as u32;
+            // Only cached pages can be dirty.
+            protected.min(cached_translation_pages.unwrap_or(u32::MAX))
         });
         // Translation pages have a frontier of their own, and take room beside the data.
         let frontiers =
@@ -289,6 +308,7 @@ impl Geometry {
             entries_per_translation_page,
             translation_pages: translation_pages as u32,
             protected_translation_pages,
+            cached_translation_pages,
             gc_background_free_superblocks: free_at(ftl.gc_thres_pcent),
             gc_foreground_free_superblocks: free_at(ftl.gc_thres_pcent_high),
             pps: Divisor::new(pages_per_superblock as u32),

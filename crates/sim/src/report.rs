@@ -363,6 +363,9 @@ pub struct PowerLoss {
     /// The time to program that many pages over every die from idle: what the capacitors must
     /// keep the drive powered for (the write buffer's pages aside).
     pub capacitor_flush_ns: u64,
+    /// Translation pages the mapping cache holds (`ftl.mapping_cache_bytes`); null: all.
+    #[serde(default)]
+    pub cached_translation_pages: Option<u32>,
 }
 
 /// A power cut (`workload.power_cut_at_ns`): what was programmed on capacitor power, and the
@@ -585,6 +588,7 @@ impl Report {
                 protected_translation_pages: t.budget(),
                 max_dirty_translation_pages: t.max_dirty(),
                 capacitor_flush_ns: ftl.timing().idle_program_ns(u64::from(t.max_dirty())),
+                cached_translation_pages: t.cache_capacity(),
             }),
             power_cut: None,
             mapping,

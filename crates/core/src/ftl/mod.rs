@@ -97,13 +97,17 @@ impl<M: MappingTable> Ftl<M> {
             below(geometry.gc_foreground_free_superblocks).max(geometry.free_superblocks_min);
         let gc_background_below = below(geometry.gc_background_free_superblocks);
         let translation = geometry.protected_translation_pages.map(|budget| {
-            TranslationPages::new(
+            let t = TranslationPages::new(
                 geometry.entries_per_translation_page,
                 geometry.translation_pages,
                 budget,
                 config.ftl.dirty_victim,
                 false,
-            )
+            );
+            match geometry.cached_translation_pages {
+                Some(capacity) => t.with_cache(capacity),
+                None => t,
+            }
         });
         // One frontier per stream (two with GC's apart), and the translation pages' last.
         let frontiers = config.ftl.streams as usize * 2 + usize::from(translation.is_some());
@@ -201,13 +205,17 @@ impl<M: MappingTable> Ftl<M> {
     /// restart after `power_cut` would read with what was acknowledged. Call before any write.
     pub fn keep_durable_copy(&mut self) {
         if let Some(t) = &self.translation {
-            self.translation = Some(TranslationPages::new(
+            let fresh = TranslationPages::new(
                 t.entries_per_page(),
                 self.geometry.translation_pages,
                 t.budget(),
                 self.dirty_victim,
                 true,
-            ));
+            );
+            self.translation = Some(match t.cache_capacity() {
+                Some(capacity) => fresh.with_cache(capacity),
+                None => fresh,
+            });
         }
     }
 
@@ -338,6 +346,7 @@ impl<M: MappingTable> Ftl<M> {
             return now_ns + self.host_page_ns;
         }
         self.map.note_gets(1);
+        let now_ns = self.lookup_ready(lpn, now_ns);
         match self.map.get(lpn.get()).map(Ppn::new) {
             Some(ppn) => {
                 self.flash(FlashOp::Read { ppn }, Cause::Host, 0, now_ns)
@@ -354,6 +363,7 @@ impl<M: MappingTable> Ftl<M> {
         let mut ready_ns = now_ns;
         if partial && !self.buffer.contains(lpn) {
             self.map.note_gets(1);
+            ready_ns = self.lookup_ready(lpn, ready_ns);
             if let Some(ppn) = self.map.get(lpn.get()).map(Ppn::new) {
                 // Read-modify-write: the untouched part of the page comes from flash.
                 ready_ns = self
@@ -565,6 +575,8 @@ impl<M: MappingTable> Ftl<M> {
             return ready_ns;
         };
         let page = t.page_of(lpn);
+        let ready_ns = self.ensure_cached(page, ready_ns);
+        let t = self.translation.as_ref().expect("persisted mapping");
         let ready_ns = match t.must_write_back_for(page) {
             Some(victim) => self.write_back(victim, Cause::Mapping, ready_ns),
             None => ready_ns,
@@ -572,6 +584,45 @@ impl<M: MappingTable> Ftl<M> {
         if let Some(t) = &mut self.translation {
             t.touch(page);
         }
+        ready_ns
+    }
+
+    /// Brings translation page `page` into the mapping cache if it is not there (a map read
+    /// from flash, after dropping the least recently used page, written back first if dirty).
+    /// Returns when its entries may be used. Without a cache every page is cached.
+    #[inline(always)]
+    fn ensure_cached(&mut self, page: u32, ready_ns: u64) -> u64 {
+        let hit = self.translation.as_mut().is_none_or(|t| t.use_cached(page));
+        if hit {
+            ready_ns
+        } else {
+            self.cache_miss(page, ready_ns)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn cache_miss(&mut self, page: u32, ready_ns: u64) -> u64 {
+        let mut ready_ns = ready_ns;
+        let t = self.translation.as_ref().expect("persisted mapping");
+        if let Some(victim) = t.cache_victim() {
+            if t.is_dirty(victim) {
+                ready_ns = self.write_back(victim, Cause::Mapping, ready_ns);
+            }
+            self.translation
+                .as_mut()
+                .expect("persisted")
+                .uncache(victim);
+        }
+        let at = self.translation.as_ref().expect("persisted").location(page);
+        if !at.is_none() {
+            // Never written: its entries are all unmapped, nothing to read.
+            let read = FlashOp::Read { ppn: at };
+            ready_ns = self
+                .flash(read, Cause::Mapping, MAPPING_PLACEMENT, ready_ns)
+                .done_ns;
+        }
+        self.translation.as_mut().expect("persisted").cache(page);
         ready_ns
     }
 
@@ -608,6 +659,19 @@ impl<M: MappingTable> Ftl<M> {
         self.blocks.mark_valid(ppn);
         if filled {
             self.blocks.close(self.geometry.superblock_of(ppn));
+        }
+    }
+
+    /// When `lpn`'s entry may be read: at once, unless the mapping cache must read its
+    /// translation page first.
+    #[inline(always)]
+    fn lookup_ready(&mut self, lpn: Lpn, ready_ns: u64) -> u64 {
+        match &self.translation {
+            Some(t) if t.cache_capacity().is_some() => {
+                let page = t.page_of(lpn);
+                self.ensure_cached(page, ready_ns)
+            }
+            _ => ready_ns,
         }
     }
 
@@ -881,5 +945,48 @@ mod translation_tests {
         assert!(s.gc_user_write_pages() > 0, "{s:?}");
         let t = ftl.translation().unwrap();
         assert!(t.max_dirty() <= t.budget());
+    }
+
+    /// A cache of two translation pages: lookups of uncached pages read them from flash (map
+    /// reads), dropping others (written back when dirty), and the durable copy stays right.
+    #[test]
+    fn a_small_mapping_cache_reads_translation_pages_on_misses() {
+        let mut b = ConfigBuilder::from_preset("femu").unwrap();
+        for s in [
+            "flash.channels=2",
+            "flash.dies_per_channel=1",
+            "flash.blocks_per_die=24",
+            "flash.pages_per_block=8",
+            "flash.superblock_dies=1",
+            "capacity.over_provisioning=0.5",
+            "ftl.mapping_entry_bytes=512",
+            "ftl.mapping_cache_bytes=8192",
+        ] {
+            b.set(s).unwrap();
+        }
+        let config = b.build().unwrap();
+        let g = config.geometry().unwrap();
+        assert_eq!(g.cached_translation_pages, Some(2));
+        let mut ftl = Ftl::new(&config, g.clone(), FlatMapping::new(g.logical_pages));
+        ftl.keep_durable_copy();
+        let mut rng = crate::rng::SplitMix64::new(5);
+        let mut now = 0;
+        for _ in 0..5 * g.logical_pages {
+            let lpn = rng.bounded(g.logical_pages);
+            let op = if rng.bounded(3) == 0 {
+                Op::Read
+            } else {
+                Op::Write
+            };
+            now = ftl
+                .submit(&Request::new(now, op, lpn * 4096, 4096), now)
+                .unwrap();
+            ftl.check_invariants();
+        }
+        let s = ftl.stats();
+        assert!(s.flash.read_pages(Cause::Mapping) > 0, "no map read: {s:?}");
+        assert!(s.mapping_write_pages() > 0, "{s:?}");
+        ftl.power_cut(now);
+        ftl.check_invariants();
     }
 }

@@ -39,6 +39,49 @@ pub struct TranslationPages {
     /// Every LPN's PPN as the durable state holds it (its translation page on flash), when
     /// kept: what a restart after a power cut would read.
     durable: Option<Vec<u32>>,
+    /// The DFTL-style cache of translation pages, when the table is not all in DRAM.
+    cache: Option<Cache>,
+}
+
+/// Which translation pages are in DRAM, least recently used first.
+#[derive(Clone, Debug)]
+struct Cache {
+    capacity: u32,
+    cached: Vec<bool>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl Cache {
+    fn unlink(&mut self, page: u32) {
+        let p = page as usize;
+        let (before, after) = (self.prev[p], self.next[p]);
+        if before == NO_PAGE {
+            self.head = after;
+        } else {
+            self.next[before as usize] = after;
+        }
+        if after == NO_PAGE {
+            self.tail = before;
+        } else {
+            self.prev[after as usize] = before;
+        }
+    }
+
+    fn push_tail(&mut self, page: u32) {
+        let p = page as usize;
+        self.prev[p] = self.tail;
+        self.next[p] = NO_PAGE;
+        if self.tail == NO_PAGE {
+            self.head = page;
+        } else {
+            self.next[self.tail as usize] = page;
+        }
+        self.tail = page;
+    }
 }
 
 impl TranslationPages {
@@ -68,7 +111,74 @@ impl TranslationPages {
             max_dirty: 0,
             policy,
             durable: keep_durable.then(|| vec![u32::MAX; n * entries_per_page as usize]),
+            cache: None,
         }
+    }
+
+    /// Only `capacity` translation pages are in DRAM (a DFTL-style cache); at least the
+    /// protected budget, since dirty pages stay cached.
+    pub fn with_cache(mut self, capacity: u32) -> Self {
+        assert!(capacity >= self.budget, "dirty pages must fit in the cache");
+        let n = self.gtd.len();
+        self.cache = Some(Cache {
+            capacity,
+            cached: vec![false; n],
+            prev: vec![NO_PAGE; n],
+            next: vec![NO_PAGE; n],
+            head: NO_PAGE,
+            tail: NO_PAGE,
+            len: 0,
+        });
+        self
+    }
+
+    /// The cache's size in pages, when the table is not all cached.
+    pub fn cache_capacity(&self) -> Option<u32> {
+        self.cache.as_ref().map(|c| c.capacity)
+    }
+
+    /// Whether `page` is in DRAM (always, without a cache); a hit counts as a use.
+    #[inline]
+    pub fn use_cached(&mut self, page: u32) -> bool {
+        let Some(c) = &mut self.cache else {
+            return true;
+        };
+        if !c.cached[page as usize] {
+            return false;
+        }
+        if c.tail != page {
+            c.unlink(page);
+            c.push_tail(page);
+        }
+        true
+    }
+
+    /// The page to drop before one more can be cached: the least recently used, when full.
+    pub fn cache_victim(&self) -> Option<u32> {
+        let c = self.cache.as_ref()?;
+        (c.len >= c.capacity).then_some(c.head)
+    }
+
+    /// Drops clean page `page` from the cache.
+    pub fn uncache(&mut self, page: u32) {
+        assert!(
+            !self.dirty[page as usize],
+            "a dirty page is dropped only once written back"
+        );
+        let c = self.cache.as_mut().expect("a cache");
+        debug_assert!(c.cached[page as usize]);
+        c.unlink(page);
+        c.cached[page as usize] = false;
+        c.len -= 1;
+    }
+
+    /// `page` was read into the cache.
+    pub fn cache(&mut self, page: u32) {
+        let c = self.cache.as_mut().expect("a cache");
+        debug_assert!(!c.cached[page as usize] && c.len < c.capacity);
+        c.cached[page as usize] = true;
+        c.len += 1;
+        c.push_tail(page);
     }
 
     /// The translation page holding `lpn`'s entry.
@@ -201,6 +311,7 @@ impl TranslationPages {
             + self.dirty.capacity()
             + (self.prev.capacity() + self.next.capacity()) * 4
             + self.durable.as_ref().map_or(0, |d| d.capacity() * 4)
+            + self.cache.as_ref().map_or(0, |c| c.cached.len() * 9)
     }
 
     fn push_tail(&mut self, page: u32) {
@@ -245,6 +356,14 @@ impl TranslationPages {
             self.dirty.iter().filter(|&&d| d).count() as u32,
             self.dirty_count
         );
+        if let Some(c) = &self.cache {
+            assert!(c.len <= c.capacity);
+            assert_eq!(c.cached.iter().filter(|&&x| x).count() as u32, c.len);
+            assert!(
+                listed.iter().all(|&p| c.cached[p as usize]),
+                "a dirty page not cached"
+            );
+        }
     }
 }
 
