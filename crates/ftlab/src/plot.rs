@@ -168,11 +168,11 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
     // With the mapping persisted: the translation pages written back per host page (MD), the
     // part of each interval's WAF that protection ran out for.
-    if rows.iter().any(|x| x.mapping_write_pages > 0) {
+    if rows.iter().any(|x| x.traffic.mapping_pages > 0) {
         chart
             .draw_series(LineSeries::new(
                 rows.iter().filter(|x| x.host_write_pages > 0).map(|x| {
-                    let md = x.mapping_write_pages as f64 / x.host_write_pages as f64;
+                    let md = x.traffic.mapping_pages as f64 / x.host_write_pages as f64;
                     (t(x.end_ns), md.min(waf_max))
                 }),
                 BLACK.stroke_width(1),
@@ -349,8 +349,7 @@ mod tests {
             iops: 0.0,
             free_superblocks: 0,
             mapping_bytes: 0,
-            mapping_write_pages: 0,
-            gc_write_pages: 0,
+            traffic: Default::default(),
         }
     }
 

@@ -36,12 +36,10 @@ pub struct SeriesRow {
     /// table with a buffer or garbage to collect breathes over the run.
     #[serde(default)]
     pub mapping_bytes: u64,
-    /// Of `nand_write_pages`: translation pages written back (MD) and GC's programs (GUD + GMD)
-    /// in this interval.
+    /// The interval's traffic, split as the report's `traffic` is: `nand_write_pages` is
+    /// UD + MD + GUD + GMD.
     #[serde(default)]
-    pub mapping_write_pages: u64,
-    #[serde(default)]
-    pub gc_write_pages: u64,
+    pub traffic: Traffic,
 }
 
 /// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
@@ -95,8 +93,7 @@ pub struct Recorder {
     next_boundary_ns: u64,
     last_host: u64,
     last_nand: u64,
-    last_mapping: u64,
-    last_gc: u64,
+    last_traffic: Traffic,
     requests_in_interval: u64,
     series: Vec<SeriesRow>,
 }
@@ -118,8 +115,7 @@ impl Recorder {
             next_boundary_ns: start_ns + interval_ns,
             last_host: 0,
             last_nand: 0,
-            last_mapping: 0,
-            last_gc: 0,
+            last_traffic: Traffic::default(),
             requests_in_interval: 0,
             series: Vec::new(),
         }
@@ -136,6 +132,7 @@ impl Recorder {
 
     fn close_interval<M: MappingTable>(&mut self, end_ns: u64, width_ns: u64, ftl: &Ftl<M>) {
         let s = ftl.stats();
+        let traffic = Traffic::of(s);
         let host = s.host_write_pages - self.last_host;
         let nand = s.nand_write_pages() - self.last_nand;
         self.series.push(SeriesRow {
@@ -151,13 +148,11 @@ impl Recorder {
             iops: self.requests_in_interval as f64 * 1e9 / width_ns.max(1) as f64,
             free_superblocks: ftl.free_superblocks(),
             mapping_bytes: ftl.mapping_bytes() as u64,
-            mapping_write_pages: s.mapping_write_pages() - self.last_mapping,
-            gc_write_pages: s.gc_write_pages() - self.last_gc,
+            traffic: traffic.since(&self.last_traffic),
         });
         self.last_host = s.host_write_pages;
         self.last_nand = s.nand_write_pages();
-        self.last_mapping = s.mapping_write_pages();
-        self.last_gc = s.gc_write_pages();
+        self.last_traffic = traffic;
         self.requests_in_interval = 0;
     }
 
@@ -349,6 +344,29 @@ pub struct Traffic {
     pub gc_mapping_pages: u64,
     /// Translation pages read because the cached table missed (0: the table is all cached).
     pub map_read_pages: u64,
+}
+
+impl Traffic {
+    pub fn of(s: &FtlStats) -> Traffic {
+        Traffic {
+            user_pages: s.host_program_pages(),
+            mapping_pages: s.mapping_write_pages(),
+            gc_user_pages: s.gc_user_write_pages(),
+            gc_mapping_pages: s.gc_mapping_write_pages(),
+            map_read_pages: s.flash.read_pages(ftlab_core::flash::Cause::Mapping),
+        }
+    }
+
+    /// The traffic since `earlier`.
+    fn since(&self, earlier: &Traffic) -> Traffic {
+        Traffic {
+            user_pages: self.user_pages - earlier.user_pages,
+            mapping_pages: self.mapping_pages - earlier.mapping_pages,
+            gc_user_pages: self.gc_user_pages - earlier.gc_user_pages,
+            gc_mapping_pages: self.gc_mapping_pages - earlier.gc_mapping_pages,
+            map_read_pages: self.map_read_pages - earlier.map_read_pages,
+        }
+    }
 }
 
 /// What power-loss protection must cover, when the mapping is persisted in translation pages
@@ -576,13 +594,7 @@ impl Report {
                 read_pages: s.gc_read_pages(),
                 write_pages: s.gc_write_pages(),
             },
-            traffic: Traffic {
-                user_pages: s.host_program_pages(),
-                mapping_pages: s.mapping_write_pages(),
-                gc_user_pages: s.gc_user_write_pages(),
-                gc_mapping_pages: s.gc_mapping_write_pages(),
-                map_read_pages: s.flash.read_pages(ftlab_core::flash::Cause::Mapping),
-            },
+            traffic: Traffic::of(s),
             power_loss: ftl.translation().map(|t| PowerLoss {
                 translation_pages: g.translation_pages,
                 protected_translation_pages: t.budget(),
@@ -634,12 +646,12 @@ impl Report {
 
     pub fn series_csv(&self) -> String {
         let mut out = String::from(
-            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes,mapping_write_pages,gc_write_pages\n",
+            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes,user_pages,mapping_pages,gc_user_pages,gc_mapping_pages,map_read_pages\n",
         );
         for r in &self.series {
             let _ = writeln!(
                 out,
-                "{},{},{},{:.4},{:.4},{:.1},{},{},{},{}",
+                "{},{},{},{:.4},{:.4},{:.1},{},{},{},{},{},{},{}",
                 r.end_ns,
                 r.host_write_pages,
                 r.nand_write_pages,
@@ -648,8 +660,11 @@ impl Report {
                 r.iops,
                 r.free_superblocks,
                 r.mapping_bytes,
-                r.mapping_write_pages,
-                r.gc_write_pages
+                r.traffic.user_pages,
+                r.traffic.mapping_pages,
+                r.traffic.gc_user_pages,
+                r.traffic.gc_mapping_pages,
+                r.traffic.map_read_pages
             );
         }
         out
