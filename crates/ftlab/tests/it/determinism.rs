@@ -256,6 +256,13 @@ fn the_persisted_mapping_is_deterministic_and_the_same_under_every_table() {
         "{:?}",
         a.traffic
     );
+    // The time series splits the run's traffic interval by interval.
+    let md: u64 = a.series.iter().map(|r| r.traffic.mapping_pages).sum();
+    let gud: u64 = a.series.iter().map(|r| r.traffic.gc_user_pages).sum();
+    assert_eq!(
+        (md, gud),
+        (a.traffic.mapping_pages, a.traffic.gc_user_pages)
+    );
     let (flat, _) = assert_lossless(&sets, &[("hash", 16), ("extent", 16), ("learned", 16)]);
     assert_eq!(flat.traffic, a.traffic);
 }
