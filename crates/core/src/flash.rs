@@ -99,6 +99,8 @@ pub enum FlashOp {
 pub struct PlacementCounts {
     pub program_pages: [u64; Cause::COUNT],
     pub erased_blocks: [u64; Cause::COUNT],
+    /// Superblocks (reclaim units) opened for this placement's writes.
+    pub units_opened: u64,
 }
 
 /// The flash operations an FTL issued, by cause, and (programs and erases) by placement. Reads
@@ -130,6 +132,12 @@ impl FlashCounts {
             FlashOp::Program { .. } => p.program_pages[c] += units,
             FlashOp::Erase { .. } => p.erased_blocks[c] += units,
         }
+    }
+
+    /// A superblock was opened for `placement`'s writes.
+    #[inline]
+    pub fn unit_opened(&mut self, placement: u8) {
+        self.placements[usize::from(placement)].units_opened += 1;
     }
 
     pub fn read_pages(&self, cause: Cause) -> u64 {

@@ -386,6 +386,73 @@ pub struct PowerLoss {
     pub cached_translation_pages: Option<u32>,
 }
 
+/// NVMe Flexible Data Placement statistics, as `nvme fdp stats` names them, and per placement
+/// (stream / reclaim unit handle; 255 holds the translation pages).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Fdp {
+    /// Host bytes with metadata written (HBMW): host page writes x page bytes.
+    pub host_bytes_with_metadata_written: u64,
+    /// Media bytes with metadata written (MBMW): flash programs, every cause, x page bytes.
+    pub media_bytes_with_metadata_written: u64,
+    /// Media bytes erased (MBE): physical blocks erased x block bytes.
+    pub media_bytes_erased: u64,
+    pub placements: Vec<PlacementStats>,
+}
+
+/// One placement's share of the flash work, and what it holds as the run ends.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PlacementStats {
+    pub placement: u8,
+    /// Programs of host data into the placement's reclaim units.
+    pub host_pages: u64,
+    /// Every program into them (host, GC, mapping).
+    pub media_pages: u64,
+    /// Reclaim units (superblocks) opened for its writes.
+    pub reclaim_units_written: u64,
+    pub erased_blocks: u64,
+    /// Valid pages in its reclaim units as the run ended.
+    pub valid_pages: u64,
+}
+
+impl Fdp {
+    fn of<M: MappingTable>(ftl: &Ftl<M>) -> Fdp {
+        let s = ftl.stats();
+        let g = ftl.geometry();
+        let page = u64::from(g.page_size_bytes);
+        let mut valid = [0u64; 256];
+        for sb in 0..g.superblocks {
+            valid[usize::from(ftl.blocks().stream_of(sb))] +=
+                u64::from(ftl.blocks().valid_count(sb));
+        }
+        let placements = s
+            .flash
+            .placements()
+            .iter()
+            .enumerate()
+            .map(|(p, c)| PlacementStats {
+                placement: p as u8,
+                host_pages: c.program_pages[ftlab_core::flash::Cause::Host as usize],
+                media_pages: c.program_pages.iter().sum(),
+                reclaim_units_written: c.units_opened,
+                erased_blocks: c.erased_blocks.iter().sum(),
+                valid_pages: valid[p],
+            })
+            .filter(|p| {
+                *p != PlacementStats {
+                    placement: p.placement,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        Fdp {
+            host_bytes_with_metadata_written: s.host_write_pages * page,
+            media_bytes_with_metadata_written: s.nand_write_pages() * page,
+            media_bytes_erased: s.erases() * u64::from(g.pages_per_block) * page,
+            placements,
+        }
+    }
+}
+
 /// A power cut (`workload.power_cut_at_ns`): what was programmed on capacitor power, and the
 /// durable state checked against the table.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -446,6 +513,9 @@ pub struct Report {
     /// `null` when every mapping change is protected (`ftl.protected_ratio = 1`).
     #[serde(default)]
     pub power_loss: Option<PowerLoss>,
+    /// NVMe FDP statistics and the work per placement.
+    #[serde(default)]
+    pub fdp: Fdp,
     /// Only for a run cut short by `workload.power_cut_at_ns`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_cut: Option<PowerCutInfo>,
@@ -603,6 +673,7 @@ impl Report {
                 cached_translation_pages: t.cache_capacity(),
             }),
             power_cut: None,
+            fdp: Fdp::of(ftl),
             mapping,
             device: DeviceInfo {
                 physical_bytes: g.physical_bytes(),

@@ -743,6 +743,7 @@ impl<M: MappingTable> Ftl<M> {
                 .blocks
                 .take_free(placement)
                 .expect("free pool empty: GC reserve violated");
+            self.stats.flash.unit_opened(placement);
             f.next_slot = 0;
         }
         let ppn = Ppn::new(f.superblock * pps + f.next_slot);

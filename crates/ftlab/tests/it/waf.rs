@@ -146,3 +146,47 @@ fn a_write_buffer_absorbs_rewrites_of_hot_pages() {
     );
     assert!(buffered.waf.unwrap() < direct.waf.unwrap());
 }
+
+/// The FDP statistics agree with the page counters: MBMW is every program's bytes, HBMW the
+/// host's, MBE the erased blocks'; the placements' shares add up to the totals, and their valid
+/// pages to the live mappings.
+#[test]
+fn fdp_statistics_agree_with_the_page_counters() {
+    let r = crate::support::run(&crate::support::config(
+        "femu",
+        &[
+            "flash.blocks_per_die=16",
+            "flash.superblock_dies=1",
+            "capacity.over_provisioning=0.25",
+            "workload.kind=hotcold",
+            "workload.requests=200000",
+            "ftl.streams=2",
+            "workload.stream_by_temperature=true",
+        ],
+    ));
+    let page = r.config.flash.page_size_bytes as u64;
+    let block = page * r.config.flash.pages_per_block as u64;
+    let f = &r.fdp;
+    assert_eq!(
+        f.media_bytes_with_metadata_written,
+        r.nand_write_pages * page
+    );
+    assert_eq!(
+        f.host_bytes_with_metadata_written,
+        r.host_write_pages * page
+    );
+    assert_eq!(f.media_bytes_erased, r.erases * block);
+    assert_eq!(f.placements.len(), 2, "{f:?}");
+    let sum =
+        |x: fn(&ftlab_sim::report::PlacementStats) -> u64| f.placements.iter().map(x).sum::<u64>();
+    assert_eq!(sum(|p| p.media_pages), r.nand_write_pages);
+    assert_eq!(sum(|p| p.host_pages), r.host_program_pages);
+    assert_eq!(sum(|p| p.erased_blocks), r.erases);
+    assert_eq!(sum(|p| p.valid_pages), r.mapping.live_mappings);
+    assert!(
+        f.placements
+            .iter()
+            .all(|p| p.reclaim_units_written > 0 && p.media_pages > p.host_pages),
+        "{f:?}"
+    );
+}
