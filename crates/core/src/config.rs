@@ -234,6 +234,23 @@ pub struct FtlConfig {
     /// The order the write buffer's pages leave in (docs/persistence.md).
     #[serde(default)]
     pub buffer_policy: BufferPolicy,
+    /// How garbage collection picks its victim.
+    #[serde(default)]
+    pub gc_policy: GcPolicy,
+}
+
+/// GC's victim choice (`ftl.gc_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GcPolicy {
+    /// The used superblock with the fewest valid pages (O(1), intrusive buckets).
+    #[default]
+    Greedy,
+    /// The one with the highest age x (1 - u) / 2u, u its valid share (Rosenblum and Ousterhout's
+    /// log-structured file system): an old, fairly full superblock of cold data goes before a
+    /// young, emptier one of hot data that is still emptying by itself. Age is counted in
+    /// superblocks closed since it was. A scan of the used superblocks per victim.
+    CostBenefit,
 }
 
 /// The write buffer's eviction order (`ftl.buffer_policy`).

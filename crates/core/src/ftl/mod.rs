@@ -114,7 +114,7 @@ impl<M: MappingTable> Ftl<M> {
         Self {
             map,
             lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, Lpn::NONE),
-            blocks: BlockManager::new(&geometry),
+            blocks: BlockManager::new(&geometry, config.ftl.gc_policy),
             frontiers: vec![
                 Frontier {
                     superblock: NO_SUPERBLOCK,

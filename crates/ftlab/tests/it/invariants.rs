@@ -202,7 +202,7 @@ proptest! {
     /// durable copy is always the table's (checked in `check_invariants`), and after each cut the
     /// durable state alone (translation pages on flash) maps every acknowledged write and no
     /// trimmed page. Both write buffer policies, and a mapping cache of a few pages (map reads,
-    /// dirty pages written back as the cache drops them) or of all.
+    /// dirty pages written back as the cache drops them) or of all; greedy or cost-benefit GC.
     #[test]
     fn the_persisted_mapping_survives_power_cuts(
         entry_bytes in prop_oneof![Just(256u32), Just(512), Just(1024)],
@@ -211,6 +211,7 @@ proptest! {
         lru in any::<bool>(),
         hexa in any::<bool>(),
         cached_pages in prop_oneof![Just(0u64), Just(2), Just(5)],
+        cost_benefit in any::<bool>(),
         // Over the whole device (264 pages), its partial last translation page included.
         actions in prop::collection::vec((action(264), 0..40u8), 1..600),
     ) {
@@ -229,6 +230,7 @@ proptest! {
             format!("ftl.buffer_policy={}", if hexa { "hexa" } else { "fifo" }),
             // A DFTL-style cache of a few translation pages, or all of them (0).
             format!("ftl.mapping_cache_bytes={}", cached_pages * 4096),
+            format!("ftl.gc_policy={}", if cost_benefit { "cost_benefit" } else { "greedy" }),
             format!("ftl.write_buffer_mib={}", f64::from(buffer_pages) * 4096.0 / 1048576.0),
         ] {
             b.set(&s).unwrap();
