@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use ftlab_core::config::ConfigBuilder;
 use ftlab_sim::Report;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::fmt::Write as _;
@@ -295,24 +296,7 @@ fn draw<DB: DrawingBackend>(
             .filter(|(p, _)| of(p))
             .map(|(_, r)| r.iops)
             .fold(1.0f64, f64::max);
-        let mut chart = ChartBuilder::on(&rows[w])
-            .caption(format!("{workload}: IOPS"), ("sans-serif", 20))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(-0.5..ratios.len() as f64 - 0.5, 0.0..top * 1.1)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_labels(ratios.len())
-            .x_label_formatter(&|x| {
-                ratios
-                    .get(x.round().max(0.0) as usize)
-                    .map_or(String::new(), |r| format!("{r}%"))
-            })
-            .x_desc("protected ratio")
-            .draw()
-            .map_err(err)?;
+        let mut chart = ratio_chart(&rows[w], &format!("{workload}: IOPS"), ratios, top)?;
         let mut series = 0;
         for &buffer in &args.buffers_mib {
             for policy in ["fifo", "hexa"] {
@@ -372,27 +356,12 @@ fn draw<DB: DrawingBackend>(
             .iter()
             .map(|(_, v)| v.iter().sum::<f64>())
             .fold(1.0f64, f64::max);
-        let mut chart = ChartBuilder::on(&rows[args.workloads.len() + w])
-            .caption(
-                format!("{workload}: write traffic per host page, {buffer} MiB buffer (F | H)"),
-                ("sans-serif", 18),
-            )
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(-0.5..ratios.len() as f64 - 0.5, 0.0..top * 1.1)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_labels(ratios.len())
-            .x_label_formatter(&|x| {
-                ratios
-                    .get(x.round().max(0.0) as usize)
-                    .map_or(String::new(), |r| format!("{r}%"))
-            })
-            .x_desc("protected ratio")
-            .draw()
-            .map_err(err)?;
+        let mut chart = ratio_chart(
+            &rows[args.workloads.len() + w],
+            &format!("{workload}: write traffic per host page, {buffer} MiB buffer (F | H)"),
+            ratios,
+            top,
+        )?;
         let parts = ["UD", "MD", "GUD", "GMD"];
         let fills = [BLUE.mix(0.6), RED.mix(0.6), GREEN.mix(0.6), BLACK.mix(0.5)];
         for (k, (name, fill)) in parts.iter().zip(fills).enumerate() {
@@ -415,4 +384,34 @@ fn draw<DB: DrawingBackend>(
     }
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// A panel over the protected ratios (one column each, labelled in percent) from 0 to a
+/// little above `top`, its mesh drawn.
+fn ratio_chart<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+    ratios: &[f64],
+    top: f64,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>> {
+    let err = crate::plot::err;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5..ratios.len() as f64 - 0.5, 0.0..top * 1.1)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_labels(ratios.len())
+        .x_label_formatter(&|x| {
+            ratios
+                .get(x.round().max(0.0) as usize)
+                .map_or(String::new(), |r| format!("{r}%"))
+        })
+        .x_desc("protected ratio")
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
 }

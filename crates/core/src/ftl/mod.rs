@@ -904,28 +904,35 @@ mod translation_tests {
     use crate::config::ConfigBuilder;
     use crate::ftl::mapping::FlatMapping;
 
-    /// A small device with a tiny protected budget, overwritten many times: translation pages
-    /// are written back (MD), their superblocks fill with stale copies and GC collects them
-    /// (GMD), and every invariant (the durable copy's included) holds throughout.
-    #[test]
-    fn translation_superblocks_are_collected_like_data() {
+    /// A device of 48 superblocks of 8 pages, translation pages of 8 entries, with `extra`
+    /// settings; its FTL keeps the durable copy.
+    fn small_device(extra: &[&str]) -> (Geometry, Ftl<FlatMapping>) {
         let mut b = ConfigBuilder::from_preset("femu").unwrap();
-        for s in [
+        let base = [
             "flash.channels=2",
             "flash.dies_per_channel=1",
             "flash.blocks_per_die=24",
             "flash.pages_per_block=8",
             "flash.superblock_dies=1",
             "capacity.over_provisioning=0.5",
-            "ftl.protected_ratio=0.1",
             "ftl.mapping_entry_bytes=512",
-        ] {
+        ];
+        for s in base.iter().chain(extra) {
             b.set(s).unwrap();
         }
         let config = b.build().unwrap();
         let g = config.geometry().unwrap();
         let mut ftl = Ftl::new(&config, g.clone(), FlatMapping::new(g.logical_pages));
         ftl.keep_durable_copy();
+        (g, ftl)
+    }
+
+    /// A small device with a tiny protected budget, overwritten many times: translation pages
+    /// are written back (MD), their superblocks fill with stale copies and GC collects them
+    /// (GMD), and every invariant (the durable copy's included) holds throughout.
+    #[test]
+    fn translation_superblocks_are_collected_like_data() {
+        let (g, mut ftl) = small_device(&["ftl.protected_ratio=0.1"]);
         let mut rng = crate::rng::SplitMix64::new(3);
         let mut now = 0;
         for i in 0..20 * g.logical_pages {
@@ -952,24 +959,8 @@ mod translation_tests {
     /// reads), dropping others (written back when dirty), and the durable copy stays right.
     #[test]
     fn a_small_mapping_cache_reads_translation_pages_on_misses() {
-        let mut b = ConfigBuilder::from_preset("femu").unwrap();
-        for s in [
-            "flash.channels=2",
-            "flash.dies_per_channel=1",
-            "flash.blocks_per_die=24",
-            "flash.pages_per_block=8",
-            "flash.superblock_dies=1",
-            "capacity.over_provisioning=0.5",
-            "ftl.mapping_entry_bytes=512",
-            "ftl.mapping_cache_bytes=8192",
-        ] {
-            b.set(s).unwrap();
-        }
-        let config = b.build().unwrap();
-        let g = config.geometry().unwrap();
+        let (g, mut ftl) = small_device(&["ftl.mapping_cache_bytes=8192"]);
         assert_eq!(g.cached_translation_pages, Some(2));
-        let mut ftl = Ftl::new(&config, g.clone(), FlatMapping::new(g.logical_pages));
-        ftl.keep_durable_copy();
         let mut rng = crate::rng::SplitMix64::new(5);
         let mut now = 0;
         for _ in 0..5 * g.logical_pages {

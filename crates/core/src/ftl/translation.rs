@@ -22,16 +22,11 @@ const NO_PAGE: u32 = u32::MAX;
 #[derive(Clone, Debug)]
 pub struct TranslationPages {
     entries: Divisor,
-    entries_per_page: u32,
     /// Translation page -> where it is on flash (`Ppn::NONE`: never written).
     gtd: Vec<Ppn>,
     dirty: Vec<bool>,
-    /// The dirty pages, oldest first (`victim` takes the head): a doubly linked list over
-    /// translation page numbers, flat arrays, no allocation.
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    head: u32,
-    tail: u32,
+    /// The dirty pages, oldest first (`victim` takes the head).
+    dirty_list: PageList,
     dirty_count: u32,
     budget: u32,
     max_dirty: u32,
@@ -48,26 +43,27 @@ pub struct TranslationPages {
 struct Cache {
     capacity: u32,
     cached: Vec<bool>,
+    lru: PageList,
+    len: u32,
+}
+
+/// A doubly linked list over translation page numbers, in flat arrays (no allocation per
+/// change): the dirty pages in victim order, and the cached pages in LRU order.
+#[derive(Clone, Debug)]
+struct PageList {
     prev: Vec<u32>,
     next: Vec<u32>,
     head: u32,
     tail: u32,
-    len: u32,
 }
 
-impl Cache {
-    fn unlink(&mut self, page: u32) {
-        let p = page as usize;
-        let (before, after) = (self.prev[p], self.next[p]);
-        if before == NO_PAGE {
-            self.head = after;
-        } else {
-            self.next[before as usize] = after;
-        }
-        if after == NO_PAGE {
-            self.tail = before;
-        } else {
-            self.prev[after as usize] = before;
+impl PageList {
+    fn new(pages: usize) -> Self {
+        Self {
+            prev: vec![NO_PAGE; pages],
+            next: vec![NO_PAGE; pages],
+            head: NO_PAGE,
+            tail: NO_PAGE,
         }
     }
 
@@ -81,6 +77,46 @@ impl Cache {
             self.next[self.tail as usize] = page;
         }
         self.tail = page;
+    }
+
+    fn unlink(&mut self, page: u32) {
+        let p = page as usize;
+        let (before, after) = (self.prev[p], self.next[p]);
+        if before == NO_PAGE {
+            self.head = after;
+        } else {
+            self.next[before as usize] = after;
+        }
+        if after == NO_PAGE {
+            self.tail = before;
+        } else {
+            self.prev[after as usize] = before;
+        }
+        self.prev[p] = NO_PAGE;
+        self.next[p] = NO_PAGE;
+    }
+
+    /// `page` (in the list) to the tail.
+    fn move_to_tail(&mut self, page: u32) {
+        if self.tail != page {
+            self.unlink(page);
+            self.push_tail(page);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut at = self.head;
+        std::iter::from_fn(move || {
+            (at != NO_PAGE).then(|| {
+                let page = at;
+                at = self.next[at as usize];
+                page
+            })
+        })
+    }
+
+    fn heap_bytes(&self) -> usize {
+        (self.prev.capacity() + self.next.capacity()) * 4
     }
 }
 
@@ -99,13 +135,9 @@ impl TranslationPages {
         let n = pages as usize;
         Self {
             entries: Divisor::new(entries_per_page),
-            entries_per_page,
             gtd: vec![Ppn::NONE; n],
             dirty: vec![false; n],
-            prev: vec![NO_PAGE; n],
-            next: vec![NO_PAGE; n],
-            head: NO_PAGE,
-            tail: NO_PAGE,
+            dirty_list: PageList::new(n),
             dirty_count: 0,
             budget,
             max_dirty: 0,
@@ -123,10 +155,7 @@ impl TranslationPages {
         self.cache = Some(Cache {
             capacity,
             cached: vec![false; n],
-            prev: vec![NO_PAGE; n],
-            next: vec![NO_PAGE; n],
-            head: NO_PAGE,
-            tail: NO_PAGE,
+            lru: PageList::new(n),
             len: 0,
         });
         self
@@ -146,17 +175,14 @@ impl TranslationPages {
         if !c.cached[page as usize] {
             return false;
         }
-        if c.tail != page {
-            c.unlink(page);
-            c.push_tail(page);
-        }
+        c.lru.move_to_tail(page);
         true
     }
 
     /// The page to drop before one more can be cached: the least recently used, when full.
     pub fn cache_victim(&self) -> Option<u32> {
         let c = self.cache.as_ref()?;
-        (c.len >= c.capacity).then_some(c.head)
+        (c.len >= c.capacity).then_some(c.lru.head)
     }
 
     /// Drops clean page `page` from the cache.
@@ -167,7 +193,7 @@ impl TranslationPages {
         );
         let c = self.cache.as_mut().expect("a cache");
         debug_assert!(c.cached[page as usize]);
-        c.unlink(page);
+        c.lru.unlink(page);
         c.cached[page as usize] = false;
         c.len -= 1;
     }
@@ -178,7 +204,7 @@ impl TranslationPages {
         debug_assert!(!c.cached[page as usize] && c.len < c.capacity);
         c.cached[page as usize] = true;
         c.len += 1;
-        c.push_tail(page);
+        c.lru.push_tail(page);
     }
 
     /// The translation page holding `lpn`'s entry.
@@ -196,7 +222,7 @@ impl TranslationPages {
     }
 
     pub fn entries_per_page(&self) -> u32 {
-        self.entries_per_page
+        self.entries.value
     }
 
     /// The page that must be written back before `page` may become dirty, if any: None when
@@ -206,7 +232,7 @@ impl TranslationPages {
         if self.dirty[page as usize] || self.dirty_count < self.budget {
             return None;
         }
-        Some(self.head)
+        Some(self.dirty_list.head)
     }
 
     /// `page` changed in DRAM (the caller wrote back what `must_write_back_for` named first).
@@ -214,9 +240,8 @@ impl TranslationPages {
     pub fn touch(&mut self, page: u32) {
         let p = page as usize;
         if self.dirty[p] {
-            if self.policy == DirtyVictim::Lru && self.tail != page {
-                self.unlink(page);
-                self.push_tail(page);
+            if self.policy == DirtyVictim::Lru {
+                self.dirty_list.move_to_tail(page);
             }
             return;
         }
@@ -224,7 +249,7 @@ impl TranslationPages {
         self.dirty[p] = true;
         self.dirty_count += 1;
         self.max_dirty = self.max_dirty.max(self.dirty_count);
-        self.push_tail(page);
+        self.dirty_list.push_tail(page);
     }
 
     /// `page` was programmed at `at` with the entries `entry_of` gives: it is clean, and
@@ -233,10 +258,10 @@ impl TranslationPages {
         if self.dirty[page as usize] {
             self.dirty[page as usize] = false;
             self.dirty_count -= 1;
-            self.unlink(page);
+            self.dirty_list.unlink(page);
         }
         if let Some(durable) = &mut self.durable {
-            let per = self.entries_per_page as usize;
+            let per = self.entries.value as usize;
             let start = page as usize * per;
             for (i, slot) in durable[start..start + per].iter_mut().enumerate() {
                 *slot = entry_of((start + i) as u32);
@@ -253,25 +278,12 @@ impl TranslationPages {
 
     /// The dirty pages, oldest first, without allocating.
     pub fn dirty_iter(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut at = self.head;
-        std::iter::from_fn(move || {
-            (at != NO_PAGE).then(|| {
-                let page = at;
-                at = self.next[at as usize];
-                page
-            })
-        })
+        self.dirty_list.iter()
     }
 
     /// The dirty pages, oldest first.
     pub fn dirty_pages(&self) -> Vec<u32> {
-        let mut pages = Vec::with_capacity(self.dirty_count as usize);
-        let mut at = self.head;
-        while at != NO_PAGE {
-            pages.push(at);
-            at = self.next[at as usize];
-        }
-        pages
+        self.dirty_iter().collect()
     }
 
     pub fn is_dirty(&self, page: u32) -> bool {
@@ -309,38 +321,12 @@ impl TranslationPages {
     pub fn heap_bytes(&self) -> usize {
         self.gtd.capacity() * 4
             + self.dirty.capacity()
-            + (self.prev.capacity() + self.next.capacity()) * 4
+            + self.dirty_list.heap_bytes()
             + self.durable.as_ref().map_or(0, |d| d.capacity() * 4)
-            + self.cache.as_ref().map_or(0, |c| c.cached.len() * 9)
-    }
-
-    fn push_tail(&mut self, page: u32) {
-        let p = page as usize;
-        self.prev[p] = self.tail;
-        self.next[p] = NO_PAGE;
-        if self.tail == NO_PAGE {
-            self.head = page;
-        } else {
-            self.next[self.tail as usize] = page;
-        }
-        self.tail = page;
-    }
-
-    fn unlink(&mut self, page: u32) {
-        let p = page as usize;
-        let (before, after) = (self.prev[p], self.next[p]);
-        if before == NO_PAGE {
-            self.head = after;
-        } else {
-            self.next[before as usize] = after;
-        }
-        if after == NO_PAGE {
-            self.tail = before;
-        } else {
-            self.prev[after as usize] = before;
-        }
-        self.prev[p] = NO_PAGE;
-        self.next[p] = NO_PAGE;
+            + self
+                .cache
+                .as_ref()
+                .map_or(0, |c| c.cached.len() + c.lru.heap_bytes())
     }
 
     /// Panics if the dirty list, flags and count disagree or the budget is exceeded.
