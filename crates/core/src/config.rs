@@ -70,6 +70,88 @@ pub struct Config {
     pub workload: WorkloadConfig,
     #[serde(default)]
     pub report: ReportConfig,
+    #[serde(default)]
+    pub fdp: FdpConfig,
+}
+
+/// NVMe Flexible Data Placement (TP4146, NVMe 2.0 base specification 5.x "Flexible Data
+/// Placement"): reclaim groups, reclaim unit handles and their isolation, and where a write's
+/// placement comes from (docs/config.md, "fdp").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FdpConfig {
+    /// Reclaim groups (RG): the die groups (`flash.superblock_dies` dies each) split evenly among
+    /// them; a write names its RG, and GC of an RG stays inside it.
+    #[serde(default = "one")]
+    pub reclaim_groups: u32,
+    /// One entry per reclaim unit handle (RUH), its isolation type. Empty: `ftl.streams`
+    /// persistently isolated handles (a stream is a persistently isolated handle).
+    #[serde(default)]
+    pub handles: Vec<HandleType>,
+    /// Which superblocks GC may pick when a write needs room.
+    #[serde(default)]
+    pub gc_scope: GcScope,
+    /// Where a host write's handle comes from.
+    #[serde(default)]
+    pub placement: PlacementPolicy,
+    /// A reclaim unit open longer than this (simulated ns) is closed unfilled at its handle's
+    /// next write (an "RU time limit exceeded" event); 0 = no limit.
+    #[serde(default)]
+    pub ru_time_limit_ns: u64,
+}
+
+impl Default for FdpConfig {
+    fn default() -> Self {
+        Self {
+            reclaim_groups: 1,
+            handles: Vec::new(),
+            gc_scope: GcScope::default(),
+            placement: PlacementPolicy::default(),
+            ru_time_limit_ns: 0,
+        }
+    }
+}
+
+/// A reclaim unit handle's isolation type (NVMe FDP's RUH Type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandleType {
+    /// Persistently isolated: GC moves the handle's data only into reclaim units of the same
+    /// handle, so its data never shares an erase unit with another handle's.
+    #[serde(alias = "persistently_isolated")]
+    Persistent,
+    /// Initially isolated: host writes fill the handle's own reclaim units, but GC may move its
+    /// data into a reclaim unit shared with the other initially isolated handles.
+    #[serde(alias = "initially_isolated")]
+    Initial,
+}
+
+/// GC's victim scope (`fdp.gc_scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GcScope {
+    /// Any used superblock of the reclaim group (today's GC).
+    #[default]
+    Device,
+    /// A write of a persistently isolated handle that needs room collects that handle's own
+    /// superblocks first (a scan), and the whole group only when it has none to give: a handle
+    /// of cold data is not made to pay for a hot one's invalidations.
+    Handle,
+}
+
+/// Where a host write's placement handle comes from (`fdp.placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementPolicy {
+    /// The placement ID the host gave (trace column, range file, generator, export).
+    #[default]
+    Host,
+    /// The device guesses: a page rewritten within a short interval (in host page writes) goes
+    /// to a hotter handle; host placement IDs are ignored (docs/config.md, "fdp").
+    Auto,
+    /// Each page by its true lifetime (until it is next overwritten or trimmed), known offline
+    /// from the whole request sequence: ideal separation, a reference no device can reach.
+    Ideal,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -82,6 +82,10 @@ impl Cause {
 /// hold user data. Streams are 0..64, so it is free.
 pub const MAPPING_PLACEMENT: u8 = u8::MAX;
 
+/// The placement of the reclaim units GC fills with initially isolated handles' data: shared by
+/// all of them (FDP allows GC to mix them), never by a persistently isolated handle's.
+pub const SHARED_GC_PLACEMENT: u8 = u8::MAX - 1;
+
 /// One flash operation and what it addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlashOp {
@@ -101,6 +105,12 @@ pub struct PlacementCounts {
     pub erased_blocks: [u64; Cause::COUNT],
     /// Superblocks (reclaim units) opened for this placement's writes.
     pub units_opened: u64,
+    /// Reclaim units closed before they were full, their time limit exceeded.
+    pub units_closed_unfilled: u64,
+    /// GC victims of this placement whose valid pages GC moved ("media relocated" events),
+    /// and the pages it moved out of them.
+    pub relocations: u64,
+    pub relocated_pages: u64,
 }
 
 /// The flash operations an FTL issued, by cause, and (programs and erases) by placement. Reads
@@ -132,6 +142,17 @@ impl FlashCounts {
             FlashOp::Program { .. } => p.program_pages[c] += units,
             FlashOp::Erase { .. } => p.erased_blocks[c] += units,
         }
+    }
+
+    /// A reclaim unit of `placement` was closed before it was full.
+    #[inline]
+    pub fn unit_closed_unfilled(&mut self, placement: u8) {
+        self.placements[usize::from(placement)].units_closed_unfilled += 1;
+    }
+
+    #[inline]
+    pub fn placement_mut(&mut self, placement: u8) -> &mut PlacementCounts {
+        &mut self.placements[usize::from(placement)]
     }
 
     /// A superblock was opened for `placement`'s writes.

@@ -42,7 +42,15 @@ pub struct Geometry {
     /// Background GC while free superblocks <= this (FEMU's `gc_thres_lines`); None = never.
     pub gc_background_free_superblocks: Option<u32>,
     /// Foreground GC while free superblocks <= this (`gc_thres_lines_high`); None = never.
+    /// Both thresholds count the free superblocks of one reclaim group.
     pub gc_foreground_free_superblocks: Option<u32>,
+    /// FDP reclaim groups: superblock `s` belongs to group
+    /// `(s % superblock_groups) / (superblock_groups / reclaim_groups)`.
+    pub reclaim_groups: u32,
+    /// Reclaim unit handles (`fdp.handles`, or `ftl.streams` persistently isolated ones).
+    pub handles: u32,
+    /// Bit `h` set: handle `h` is persistently isolated.
+    pub persistent_handles: u64,
     #[serde(skip)]
     pub pps: Divisor,
     #[serde(skip)]
@@ -173,6 +181,48 @@ impl Geometry {
         if ftl.streams == 0 || ftl.streams > 64 {
             return Err(invalid("ftl.streams", "must be in 1..=64"));
         }
+        let fdp = &config.fdp;
+        if !fdp.handles.is_empty() && ftl.streams != 1 {
+            return Err(invalid(
+                "fdp.handles",
+                "give either fdp.handles or ftl.streams (a stream is a persistently isolated handle), not both",
+            ));
+        }
+        let (handles, persistent_handles) = if fdp.handles.is_empty() {
+            (ftl.streams, u64::MAX >> (64 - ftl.streams))
+        } else {
+            if fdp.handles.len() > 64 {
+                return Err(invalid(
+                    "fdp.handles",
+                    format!("{} handles: at most 64", fdp.handles.len()),
+                ));
+            }
+            let mask = fdp
+                .handles
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| **t == crate::config::HandleType::Persistent)
+                .fold(0u64, |m, (h, _)| m | 1 << h);
+            (fdp.handles.len() as u32, mask)
+        };
+        if fdp.placement != crate::config::PlacementPolicy::Host && handles < 2 {
+            return Err(invalid(
+                "fdp.placement",
+                "auto and ideal placement choose among handles: give at least two (fdp.handles or ftl.streams)",
+            ));
+        }
+        let reclaim_groups = fdp.reclaim_groups;
+        if reclaim_groups == 0
+            || reclaim_groups > 256
+            || !superblock_groups.is_multiple_of(reclaim_groups)
+        {
+            return Err(invalid(
+                "fdp.reclaim_groups",
+                format!(
+                    "{reclaim_groups} must divide the {superblock_groups} die groups of {superblock_dies} dies (flash.superblock_dies)"
+                ),
+            ));
+        }
         for (key, v) in [
             ("ftl.gc_thres_pcent", ftl.gc_thres_pcent),
             ("ftl.gc_thres_pcent_high", ftl.gc_thres_pcent_high),
@@ -233,10 +283,15 @@ impl Geometry {
             // Only cached pages can be dirty.
             protected.min(cached_translation_pages.unwrap_or(u32::MAX))
         });
-        // Translation pages have a frontier of their own, and take room beside the data.
-        let frontiers =
-            ftl.streams * if ftl.gc_separate_frontier { 2 } else { 1 } + u32::from(persistent);
-        let reserved = u64::from(ftl.gc_free_superblocks_min) + u64::from(frontiers);
+        // Per reclaim group: each handle's frontier (two with GC's apart), and one shared by the
+        // initially isolated handles' GC. Translation pages have a frontier of their own, and
+        // take room beside the data.
+        let shared_gc = u32::from(persistent_handles.count_ones() < handles);
+        let frontiers_per_group =
+            handles * if ftl.gc_separate_frontier { 2 } else { 1 } + shared_gc;
+        let frontiers = reclaim_groups * frontiers_per_group + u32::from(persistent);
+        let reserved = u64::from(reclaim_groups) * u64::from(ftl.gc_free_superblocks_min)
+            + u64::from(frontiers);
         // GC can always reclaim space only if the valid data fits in the superblocks that are
         // neither reserved free nor open, with at least one page of slack.
         let usable_pages = superblocks.saturating_sub(reserved) * pages_per_superblock;
@@ -262,20 +317,24 @@ impl Geometry {
         let superblocks = superblocks as u32;
         // FEMU: gc_thres_lines = (int)((1 - gc_thres_pcent) * tt_lines), GC while free <= it.
         // 100 % means "never" here (FEMU would still collect at zero free lines).
+        // Per reclaim group: each has its free pool and its GC.
+        let group_superblocks = superblocks / reclaim_groups;
         let free_at = |pcent: f64| {
-            (pcent < 100.0).then(|| ((1.0 - pcent / 100.0) * f64::from(superblocks)).floor() as u32)
+            (pcent < 100.0)
+                .then(|| ((1.0 - pcent / 100.0) * f64::from(group_superblocks)).floor() as u32)
         };
         // Foreground GC makes host writes wait until this many superblocks are free: the logical
         // data must fit in the rest, or every write would stall on GC that cannot succeed.
         if let Some(kept_free) = free_at(ftl.gc_thres_pcent_high) {
-            let rest = u64::from(superblocks.saturating_sub(kept_free + 1 + frontiers))
-                * pages_per_superblock;
+            let rest =
+                u64::from(superblocks.saturating_sub(reclaim_groups * (kept_free + 1) + frontiers))
+                    * pages_per_superblock;
             if logical_pages >= rest {
                 return Err(invalid(
                     "ftl.gc_thres_pcent_high",
                     format!(
                         "foreground GC would keep {} of {superblocks} superblocks free, leaving too few for {logical_pages} logical pages; raise it or the over-provisioning",
-                        kept_free + 1
+                        reclaim_groups * (kept_free + 1)
                     ),
                 ));
             }
@@ -311,6 +370,9 @@ impl Geometry {
             cached_translation_pages,
             gc_background_free_superblocks: free_at(ftl.gc_thres_pcent),
             gc_foreground_free_superblocks: free_at(ftl.gc_thres_pcent_high),
+            reclaim_groups,
+            handles,
+            persistent_handles,
             pps: Divisor::new(pages_per_superblock as u32),
             groups: Divisor::new(superblock_groups),
             sb_dies: Divisor::new(superblock_dies),
@@ -341,6 +403,18 @@ impl Geometry {
         let superblock = self.pps.quotient(ppn.get());
         let slot = ppn.get() - superblock * self.pages_per_superblock;
         self.groups.remainder(superblock) * self.superblock_dies + self.sb_dies.remainder(slot)
+    }
+
+    /// The reclaim group a superblock belongs to.
+    #[inline]
+    pub fn reclaim_group_of(&self, superblock: u32) -> u32 {
+        self.groups.remainder(superblock) / (self.superblock_groups / self.reclaim_groups)
+    }
+
+    /// Whether handle `handle` is persistently isolated.
+    #[inline]
+    pub fn is_persistent(&self, handle: u8) -> bool {
+        handle < 64 && self.persistent_handles >> handle & 1 != 0
     }
 
     /// The die of slot-0 .. slot-(superblock_dies-1) of a superblock: its first die.

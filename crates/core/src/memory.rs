@@ -67,8 +67,9 @@ impl MemoryEstimate {
             },
             MemoryPart {
                 name: "superblock lists",
-                bytes: u64::from(g.superblocks) * 18 + (u64::from(g.pages_per_superblock) + 1) * 4,
-                basis: format!("18 B per superblock x {} superblocks", g.superblocks),
+                bytes: u64::from(g.superblocks) * 19
+                    + u64::from(g.reclaim_groups) * (u64::from(g.pages_per_superblock) + 1) * 4,
+                basis: format!("19 B per superblock x {} superblocks", g.superblocks),
             },
             MemoryPart {
                 name: "mapping table",
@@ -86,10 +87,17 @@ impl MemoryEstimate {
         if buffer_pages > 0 {
             parts.push(MemoryPart {
                 name: "write buffer index",
-                bytes: g.logical_pages * 4 + buffer_pages * 5,
+                bytes: g.logical_pages * 4 + buffer_pages * 6,
                 basis: format!(
-                    "4 B per logical page and 5 B per buffered page (ftl.write_buffer_mib, {capacity_keys})"
+                    "4 B per logical page and 6 B per buffered page (ftl.write_buffer_mib, {capacity_keys})"
                 ),
+            });
+        }
+        if config.fdp.placement == crate::config::PlacementPolicy::Auto {
+            parts.push(MemoryPart {
+                name: "auto placement history",
+                bytes: g.logical_pages * 4,
+                basis: format!("4 B per logical page (fdp.placement = \"auto\", {capacity_keys})"),
             });
         }
         let total_bytes = parts.iter().map(|p| p.bytes).sum();

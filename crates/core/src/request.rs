@@ -13,6 +13,25 @@ pub enum Op {
     Flush,
 }
 
+/// Where a write goes: an NVMe FDP placement ID resolved to the device's reclaim group and
+/// reclaim unit handle (a stream is a handle). The default, (0, 0), is every write's that
+/// names none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Placement {
+    pub reclaim_group: u8,
+    pub handle: u8,
+}
+
+impl Placement {
+    /// Handle `handle` in reclaim group 0.
+    pub const fn handle(handle: u8) -> Self {
+        Self {
+            reclaim_group: 0,
+            handle,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     /// When the host issues it (open-loop replay); generators leave 0.
@@ -20,19 +39,19 @@ pub struct Request {
     pub op: Op,
     pub offset_bytes: u64,
     pub length_bytes: u64,
-    /// Placement stream (multi-stream / FDP placement handle); 0 by default.
-    pub stream: u8,
+    /// Where a write is placed (reclaim group and handle); ignored by other operations.
+    pub placement: Placement,
 }
 
 impl Request {
-    /// A request on the default stream, as every trace format gives them.
+    /// A request with the default placement.
     pub fn new(arrival_ns: u64, op: Op, offset_bytes: u64, length_bytes: u64) -> Self {
         Self {
             arrival_ns,
             op,
             offset_bytes,
             length_bytes,
-            stream: 0,
+            placement: Placement::default(),
         }
     }
 }

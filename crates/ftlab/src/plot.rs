@@ -1,4 +1,5 @@
-//! `ftlab plot REPORT.json`: WAF over time and the latency CDF, as PNG and SVG.
+//! `ftlab plot REPORT.json`: WAF over time, the latency CDF, and (with several FDP handles)
+//! each handle's WAF over time, as PNG and SVG.
 
 use anyhow::{anyhow, Context, Result};
 use ftlab_sim::Report;
@@ -243,6 +244,91 @@ fn draw_waf<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Res
     Ok(())
 }
 
+/// Each placement's cumulative WAF over time (its media pages over its host pages, GC's moves
+/// counted where they land), one line per placement that took host writes; and the shared GC
+/// reclaim units' programs per host page of the whole device, when there are any.
+fn draw_handles<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<()> {
+    root.fill(&WHITE).map_err(err)?;
+    let rows = &r.series;
+    let end_ns = rows.last().map_or(0, |x| x.end_ns);
+    let (per_unit, unit) = time_unit(end_ns);
+    let t = |ns: u64| ns as f64 / per_unit;
+    // Per placement: (time, cumulative WAF) points.
+    let mut lines: std::collections::BTreeMap<u8, Vec<(f64, f64)>> = Default::default();
+    let mut totals = [(0u64, 0u64); 256];
+    let mut device_host = 0u64;
+    for row in rows {
+        device_host += row.host_write_pages;
+        for p in &row.placements {
+            let total = &mut totals[usize::from(p.placement)];
+            total.0 += p.host_pages;
+            total.1 += p.media_pages;
+        }
+        for (p, &(host, media)) in totals.iter().enumerate() {
+            let shared = p == usize::from(ftlab_core::flash::SHARED_GC_PLACEMENT);
+            let (num, den) = if shared {
+                (media, device_host)
+            } else {
+                (media, host)
+            };
+            if den > 0 && (host > 0 || shared && media > 0) {
+                lines
+                    .entry(p as u8)
+                    .or_default()
+                    .push((t(row.end_ns), num as f64 / den as f64));
+            }
+        }
+    }
+    if lines.is_empty() {
+        draw_empty(&root, "no per-handle series: the run had one handle")?;
+        root.present().map_err(err)?;
+        return Ok(());
+    }
+    let top = lines
+        .values()
+        .flat_map(|l| l.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "WAF over time per reclaim unit handle (cumulative)",
+            ("sans-serif", 24),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..t(end_ns).max(1e-9), 0.0..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("simulated time ({unit})"))
+        .y_desc("media pages / host pages")
+        .draw()
+        .map_err(err)?;
+    for (i, (p, points)) in lines.into_iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let kind = r
+            .fdp
+            .placements
+            .iter()
+            .find(|x| x.placement == p)
+            .map_or("", |x| x.kind.as_str());
+        let label = if p == ftlab_core::flash::SHARED_GC_PLACEMENT {
+            "shared GC units (per device host page)".to_string()
+        } else {
+            format!("handle {p} ({kind})")
+        };
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
 /// A latency at or below this took no simulated time.
 const ZERO_NS: u64 = ftlab_sim::report::ZERO_LATENCY_NS;
 
@@ -331,6 +417,12 @@ pub fn run(report: &Path, out: Option<&Path>) -> Result<()> {
     draw_waf(BitMapBackend::new(&waf_png, SIZE).into_drawing_area(), &r)?;
     draw_latency(BitMapBackend::new(&lat_png, SIZE).into_drawing_area(), &r)?;
     println!("wrote {} and {}", waf_png.display(), lat_png.display());
+    if r.series.iter().any(|x| !x.placements.is_empty()) {
+        let (svg, png) = (name("handles.svg"), name("handles.png"));
+        draw_handles(SVGBackend::new(&svg, SIZE).into_drawing_area(), &r)?;
+        draw_handles(BitMapBackend::new(&png, SIZE).into_drawing_area(), &r)?;
+        println!("wrote {} and {}", svg.display(), png.display());
+    }
     Ok(())
 }
 
@@ -350,6 +442,7 @@ mod tests {
             free_superblocks: 0,
             mapping_bytes: 0,
             traffic: Default::default(),
+            placements: Vec::new(),
         }
     }
 

@@ -207,7 +207,11 @@ fn ftl_errno(e: &ftlab_core::ftl::FtlError, op: Op) -> Errno {
     match (e, op) {
         (ftlab_core::ftl::FtlError::OutOfRange { .. }, Op::Write) => p::ENOSPC,
         (ftlab_core::ftl::FtlError::OutOfRange { .. }, _) => p::EINVAL,
-        (ftlab_core::ftl::FtlError::NoSuchStream { .. }, _) => p::EINVAL,
+        (
+            ftlab_core::ftl::FtlError::NoSuchHandle { .. }
+            | ftlab_core::ftl::FtlError::NoSuchReclaimGroup { .. },
+            _,
+        ) => p::EINVAL,
     }
 }
 
@@ -485,7 +489,7 @@ impl Device {
                     op: Op::Write,
                     offset_bytes: l * self.page_bytes as u64,
                     length_bytes: self.page_bytes as u64,
-                    stream: 0,
+                    placement: ftlab_core::request::Placement::default(),
                 };
                 state.ftl.submit(&request, 0)?;
                 loaded += 1;
@@ -924,7 +928,7 @@ impl Device {
             op,
             offset_bytes: offset,
             length_bytes: length,
-            stream: 0,
+            placement: ftlab_core::request::Placement::default(),
         };
         let pieces = match r.command {
             p::CMD_READ => vec![piece(Op::Read, offset, length)],
@@ -1747,9 +1751,9 @@ mod tests {
         };
         assert_eq!(ftl_errno(&out, Op::Write), p::ENOSPC);
         assert_eq!(ftl_errno(&out, Op::Read), p::EINVAL);
-        let stream = ftlab_core::ftl::FtlError::NoSuchStream {
-            stream: 3,
-            streams: 1,
+        let stream = ftlab_core::ftl::FtlError::NoSuchHandle {
+            handle: 3,
+            handles: 1,
         };
         assert_eq!(ftl_errno(&stream, Op::Write), p::EINVAL);
     }

@@ -5,9 +5,10 @@
 //! wall-clock speed appears in the human summary alone.
 
 use ftlab_core::config::Config;
+use ftlab_core::flash::Cause;
 use ftlab_core::ftl::mapping::MappingTable;
 use ftlab_core::ftl::mapping::TableActivity;
-use ftlab_core::ftl::{Ftl, FtlStats};
+use ftlab_core::ftl::{FdpEventKind, Ftl, FtlStats};
 use ftlab_core::request::{Op, Request};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,18 @@ pub struct SeriesRow {
     /// UD + MD + GUD + GMD.
     #[serde(default)]
     pub traffic: Traffic,
+    /// With more than one handle: each placement's programs in this interval (those with
+    /// any), host data and all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<SeriesPlacement>,
+}
+
+/// One placement's programs in one interval of the series.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SeriesPlacement {
+    pub placement: u8,
+    pub host_pages: u64,
+    pub media_pages: u64,
 }
 
 /// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
@@ -94,6 +107,8 @@ pub struct Recorder {
     last_host: u64,
     last_nand: u64,
     last_traffic: Traffic,
+    /// Per placement, (host, media) programs at the last interval's end.
+    last_placements: Vec<(u64, u64)>,
     requests_in_interval: u64,
     series: Vec<SeriesRow>,
 }
@@ -116,6 +131,7 @@ impl Recorder {
             last_host: 0,
             last_nand: 0,
             last_traffic: Traffic::default(),
+            last_placements: vec![(0, 0); 256],
             requests_in_interval: 0,
             series: Vec::new(),
         }
@@ -135,6 +151,23 @@ impl Recorder {
         let traffic = Traffic::of(s);
         let host = s.host_write_pages - self.last_host;
         let nand = s.nand_write_pages() - self.last_nand;
+        let mut placements = Vec::new();
+        if ftl.geometry().handles > 1 {
+            for (p, c) in s.flash.placements().iter().enumerate() {
+                let now = (
+                    c.program_pages[Cause::Host as usize],
+                    c.program_pages.iter().sum::<u64>(),
+                );
+                let last = std::mem::replace(&mut self.last_placements[p], now);
+                if now != last {
+                    placements.push(SeriesPlacement {
+                        placement: p as u8,
+                        host_pages: now.0 - last.0,
+                        media_pages: now.1 - last.1,
+                    });
+                }
+            }
+        }
         self.series.push(SeriesRow {
             end_ns: end_ns - self.start_ns,
             host_write_pages: host,
@@ -149,6 +182,7 @@ impl Recorder {
             free_superblocks: ftl.free_superblocks(),
             mapping_bytes: ftl.mapping_bytes() as u64,
             traffic: traffic.since(&self.last_traffic),
+            placements,
         });
         self.last_host = s.host_write_pages;
         self.last_nand = s.nand_write_pages();
@@ -396,22 +430,60 @@ pub struct Fdp {
     pub media_bytes_with_metadata_written: u64,
     /// Media bytes erased (MBE): physical blocks erased x block bytes.
     pub media_bytes_erased: u64,
+    #[serde(default)]
+    pub reclaim_groups: u32,
     pub placements: Vec<PlacementStats>,
+    /// The latest events (at most 64, oldest first), as `nvme fdp events` lists them.
+    #[serde(default)]
+    pub events: Vec<FdpEventInfo>,
 }
 
 /// One placement's share of the flash work, and what it holds as the run ends.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct PlacementStats {
     pub placement: u8,
+    /// `persistent` or `initial` (a handle's isolation), `shared_gc` (the reclaim units GC
+    /// fills with initially isolated handles' data), `mapping` (translation pages).
+    #[serde(default)]
+    pub kind: String,
     /// Programs of host data into the placement's reclaim units.
     pub host_pages: u64,
     /// Every program into them (host, GC, mapping).
     pub media_pages: u64,
+    /// media_pages / host_pages (null without host pages).
+    #[serde(default)]
+    pub waf: Option<f64>,
     /// Reclaim units (superblocks) opened for its writes.
     pub reclaim_units_written: u64,
+    /// Reclaim unit available media writes (RUAMW): bytes still writable in its open
+    /// reclaim units (all reclaim groups) as the run ended.
+    #[serde(default)]
+    pub ru_available_media_writes_bytes: u64,
     pub erased_blocks: u64,
     /// Valid pages in its reclaim units as the run ended.
     pub valid_pages: u64,
+    /// Events: reclaim units closed unfilled past `fdp.ru_time_limit_ns`; GC victims of
+    /// this placement whose data was moved ("media relocated"), and the pages moved.
+    #[serde(default)]
+    pub ru_time_limit_exceeded: u64,
+    #[serde(default)]
+    pub media_relocated: u64,
+    #[serde(default)]
+    pub relocated_pages: u64,
+}
+
+/// One FDP event.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FdpEventInfo {
+    pub time_ns: u64,
+    /// `ru_time_limit_exceeded` or `media_relocated`.
+    pub kind: String,
+    pub reclaim_group: u8,
+    pub placement: u8,
+    /// The reclaim unit (superblock number).
+    pub reclaim_unit: u32,
+    /// Pages moved (media relocated) or left unwritten (time limit).
+    pub pages: u32,
 }
 
 impl Fdp {
@@ -424,31 +496,70 @@ impl Fdp {
             valid[usize::from(ftl.blocks().stream_of(sb))] +=
                 u64::from(ftl.blocks().valid_count(sb));
         }
+        let available = ftl.available_media_writes();
+        let kind = |p: u8| match p {
+            ftlab_core::flash::MAPPING_PLACEMENT => "mapping",
+            ftlab_core::flash::SHARED_GC_PLACEMENT => "shared_gc",
+            h if g.is_persistent(h) => "persistent",
+            _ => "initial",
+        };
         let placements = s
             .flash
             .placements()
             .iter()
             .enumerate()
-            .map(|(p, c)| PlacementStats {
-                placement: p as u8,
-                host_pages: c.program_pages[ftlab_core::flash::Cause::Host as usize],
-                media_pages: c.program_pages.iter().sum(),
-                reclaim_units_written: c.units_opened,
-                erased_blocks: c.erased_blocks.iter().sum(),
-                valid_pages: valid[p],
-            })
-            .filter(|p| {
-                *p != PlacementStats {
-                    placement: p.placement,
-                    ..Default::default()
+            .map(|(p, c)| {
+                let host_pages = c.program_pages[Cause::Host as usize];
+                let media_pages: u64 = c.program_pages.iter().sum();
+                PlacementStats {
+                    placement: p as u8,
+                    kind: kind(p as u8).to_string(),
+                    host_pages,
+                    media_pages,
+                    waf: (host_pages > 0).then(|| media_pages as f64 / host_pages as f64),
+                    reclaim_units_written: c.units_opened,
+                    ru_available_media_writes_bytes: available.get(p).copied().unwrap_or(0) * page,
+                    erased_blocks: c.erased_blocks.iter().sum(),
+                    valid_pages: valid[p],
+                    ru_time_limit_exceeded: c.units_closed_unfilled,
+                    media_relocated: c.relocations,
+                    relocated_pages: c.relocated_pages,
                 }
+            })
+            // Every handle, and the other placements that did anything.
+            .filter(|p| {
+                u32::from(p.placement) < g.handles
+                    || *p
+                        != PlacementStats {
+                            placement: p.placement,
+                            kind: p.kind.clone(),
+                            ..Default::default()
+                        }
+            })
+            .collect();
+        let events = s
+            .fdp_events
+            .iter()
+            .map(|e| FdpEventInfo {
+                time_ns: e.time_ns,
+                kind: match e.kind {
+                    FdpEventKind::RuTimeLimitExceeded => "ru_time_limit_exceeded",
+                    FdpEventKind::MediaRelocated => "media_relocated",
+                }
+                .to_string(),
+                reclaim_group: e.reclaim_group,
+                placement: e.placement,
+                reclaim_unit: e.reclaim_unit,
+                pages: e.pages,
             })
             .collect();
         Fdp {
             host_bytes_with_metadata_written: s.host_write_pages * page,
             media_bytes_with_metadata_written: s.nand_write_pages() * page,
             media_bytes_erased: s.erases() * u64::from(g.pages_per_block) * page,
+            reclaim_groups: g.reclaim_groups,
             placements,
+            events,
         }
     }
 }
@@ -715,12 +826,25 @@ impl Report {
         serde_json::to_string_pretty(self).expect("report serialises") + "\n"
     }
 
+    /// The time series as CSV; with several handles, two columns per placement that wrote
+    /// anything (`p{N}_host_pages`, `p{N}_media_pages`).
     pub fn series_csv(&self) -> String {
-        let mut out = String::from(
-            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes,user_pages,mapping_pages,gc_user_pages,gc_mapping_pages,map_read_pages\n",
-        );
+        let mut seen = [false; 256];
         for r in &self.series {
-            let _ = writeln!(
+            for p in &r.placements {
+                seen[usize::from(p.placement)] = true;
+            }
+        }
+        let placements: Vec<usize> = (0..256).filter(|&p| seen[p]).collect();
+        let mut out = String::from(
+            "end_ns,host_write_pages,nand_write_pages,waf,waf_cumulative,iops,free_superblocks,mapping_bytes,user_pages,mapping_pages,gc_user_pages,gc_mapping_pages,map_read_pages",
+        );
+        for p in &placements {
+            let _ = write!(out, ",p{p}_host_pages,p{p}_media_pages");
+        }
+        out.push('\n');
+        for r in &self.series {
+            let _ = write!(
                 out,
                 "{},{},{},{:.4},{:.4},{:.1},{},{},{},{},{},{},{}",
                 r.end_ns,
@@ -737,6 +861,15 @@ impl Report {
                 r.traffic.gc_mapping_pages,
                 r.traffic.map_read_pages
             );
+            for &p in &placements {
+                let (host, media) = r
+                    .placements
+                    .iter()
+                    .find(|x| usize::from(x.placement) == p)
+                    .map_or((0, 0), |x| (x.host_pages, x.media_pages));
+                let _ = write!(out, ",{host},{media}");
+            }
+            out.push('\n');
         }
         out
     }

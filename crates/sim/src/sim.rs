@@ -159,7 +159,7 @@ fn precondition<M: MappingTable>(
                 op: Op::Write,
                 offset_bytes: offset,
                 length_bytes: chunk.min(logical - offset),
-                stream: 0,
+                placement: ftlab_core::request::Placement::default(),
             }
         },
         "precondition: sequential fill",

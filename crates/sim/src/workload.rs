@@ -202,11 +202,11 @@ impl Generator {
             op,
             offset_bytes,
             length_bytes,
-            stream: if self.stream_by_temperature {
+            placement: ftlab_core::request::Placement::handle(if self.stream_by_temperature {
                 stream
             } else {
                 0
-            },
+            }),
         }
     }
 

@@ -6,7 +6,8 @@
 //!
 //! Greedy victim choice is O(1) amortised: used superblocks sit in intrusive doubly linked lists
 //! bucketed by valid-page count (flat `next`/`prev` arrays, no allocation), and `min_bucket` never
-//! overshoots the emptiest non-empty bucket.
+//! overshoots the emptiest non-empty bucket. Each FDP reclaim group has its own free pool,
+//! buckets and `min_bucket`: GC of a group never takes another's superblocks.
 
 use crate::addr::{Ppn, NO_SUPERBLOCK as NONE};
 use crate::config::GcPolicy;
@@ -32,14 +33,19 @@ pub struct BlockManager {
     words_per_superblock: usize,
     state: Vec<SuperblockState>,
     stream: Vec<u8>,
+    /// Each superblock's reclaim group.
+    group: Vec<u8>,
     valid_count: Vec<u32>,
     valid_bits: Vec<u64>,
     erase_count: Vec<u32>,
-    free: VecDeque<u32>,
+    /// Per reclaim group.
+    free: Vec<VecDeque<u32>>,
+    /// Group `g`'s bucket `c` at `g * (pages_per_superblock + 1) + c`.
     bucket_head: Vec<u32>,
     next: Vec<u32>,
     prev: Vec<u32>,
-    min_bucket: u32,
+    /// Per reclaim group.
+    min_bucket: Vec<u32>,
     policy: GcPolicy,
     /// When each superblock was closed, counted in superblocks closed (cost-benefit's age).
     closed_at: Vec<u64>,
@@ -51,28 +57,48 @@ impl BlockManager {
         let n = geometry.superblocks as usize;
         let pps = geometry.pages_per_superblock;
         let words = (pps as usize).div_ceil(64);
+        let groups = geometry.reclaim_groups as usize;
+        let group: Vec<u8> = (0..n as u32)
+            .map(|sb| geometry.reclaim_group_of(sb) as u8)
+            .collect();
+        let mut free = vec![VecDeque::new(); groups];
+        for sb in 0..n as u32 {
+            free[usize::from(group[sb as usize])].push_back(sb);
+        }
         Self {
             pages_per_superblock: pps,
             pps: geometry.pps,
             words_per_superblock: words,
             state: vec![SuperblockState::Free; n],
             stream: vec![0; n],
+            group,
             valid_count: vec![0; n],
             valid_bits: crate::table::filled(n * words, 0),
             erase_count: vec![0; n],
-            free: (0..n as u32).collect(),
-            bucket_head: vec![NONE; pps as usize + 1],
+            free,
+            bucket_head: vec![NONE; groups * (pps as usize + 1)],
             next: vec![NONE; n],
             prev: vec![NONE; n],
-            min_bucket: pps + 1,
+            min_bucket: vec![pps + 1; groups],
             policy,
             closed_at: vec![0; n],
             closes: 0,
         }
     }
 
+    /// Free superblocks in all reclaim groups.
     pub fn free_count(&self) -> u32 {
-        self.free.len() as u32
+        self.free.iter().map(|f| f.len() as u32).sum()
+    }
+
+    /// Free superblocks in reclaim group `group`.
+    #[inline]
+    pub fn free_in(&self, group: u8) -> u32 {
+        self.free[usize::from(group)].len() as u32
+    }
+
+    pub fn group_of(&self, superblock: u32) -> u8 {
+        self.group[superblock as usize]
     }
 
     pub fn state(&self, superblock: u32) -> SuperblockState {
@@ -96,9 +122,10 @@ impl BlockManager {
         &self.erase_count
     }
 
-    /// The oldest free superblock (FIFO reuse spreads erases), now open for `stream`.
-    pub fn take_free(&mut self, stream: u8) -> Option<u32> {
-        let sb = self.free.pop_front()?;
+    /// The oldest free superblock of `group` (FIFO reuse spreads erases), now open for
+    /// `stream` (its placement).
+    pub fn take_free(&mut self, group: u8, stream: u8) -> Option<u32> {
+        let sb = self.free[usize::from(group)].pop_front()?;
         debug_assert_eq!(self.state[sb as usize], SuperblockState::Free);
         debug_assert_eq!(self.valid_count[sb as usize], 0);
         self.state[sb as usize] = SuperblockState::Open;
@@ -172,51 +199,71 @@ impl BlockManager {
         }
     }
 
-    /// The used superblock with the fewest valid pages, if it has at least `min_invalid` invalid
-    /// pages. It leaves the candidate index until [`erase`](Self::erase).
-    pub fn pick_victim(&mut self, min_invalid: u32) -> Option<u32> {
+    /// GC's victim in reclaim group `group`, if one has at least `min_invalid` invalid pages:
+    /// by the policy, among the superblocks of placement `only` when given and it has one, else
+    /// among all the group's. It leaves the candidate index until [`erase`](Self::erase).
+    pub fn pick_victim(&mut self, group: u8, min_invalid: u32, only: Option<u8>) -> Option<u32> {
         let limit = self.pages_per_superblock.checked_sub(min_invalid.max(1))?;
-        if self.policy == GcPolicy::CostBenefit {
-            return self.pick_cost_benefit(limit);
-        }
-        while self.min_bucket <= limit && self.bucket_head[self.min_bucket as usize] == NONE {
-            self.min_bucket += 1;
-        }
-        if self.min_bucket > limit {
-            return None;
-        }
-        let sb = self.bucket_head[self.min_bucket as usize];
-        self.unlink(sb, self.min_bucket);
+        let scanned = match (only, self.policy) {
+            (Some(_), _) | (None, GcPolicy::CostBenefit) => self
+                .scan_victim(group, limit, only)
+                .or_else(|| only.and_then(|_| self.scan_victim(group, limit, None))),
+            (None, GcPolicy::Greedy) => None,
+        };
+        let sb = match scanned {
+            Some(sb) => sb,
+            None if self.policy == GcPolicy::CostBenefit => return None,
+            None => {
+                // Greedy over the group's buckets.
+                let g = usize::from(group);
+                let base = g * (self.pages_per_superblock as usize + 1);
+                let mut min = self.min_bucket[g];
+                while min <= limit && self.bucket_head[base + min as usize] == NONE {
+                    min += 1;
+                }
+                self.min_bucket[g] = min;
+                if min > limit {
+                    return None;
+                }
+                self.bucket_head[base + min as usize]
+            }
+        };
+        self.unlink(sb, self.valid_count[sb as usize]);
         self.state[sb as usize] = SuperblockState::Victim;
         Some(sb)
     }
 
-    /// The used superblock with at most `limit` valid pages and the highest
-    /// age x (1 - u) / 2u (u its valid share; an empty one first), ties to the lowest number.
-    fn pick_cost_benefit(&mut self, limit: u32) -> Option<u32> {
+    /// A scan of the used superblocks of `group` (of placement `only`, when given) with at most
+    /// `limit` valid pages: the best by the policy, ties to the lowest number. Greedy: the fewest
+    /// valid pages. Cost-benefit: the highest age x (1 - u) / 2u (u its valid share; an empty
+    /// one first).
+    fn scan_victim(&self, group: u8, limit: u32, only: Option<u8>) -> Option<u32> {
         let pps = f64::from(self.pages_per_superblock);
         let mut best: Option<(f64, u32)> = None;
         for sb in 0..self.state.len() as u32 {
             let s = sb as usize;
             let valid = self.valid_count[s];
-            if self.state[s] != SuperblockState::Used || valid > limit {
+            if self.state[s] != SuperblockState::Used
+                || valid > limit
+                || self.group[s] != group
+                || only.is_some_and(|p| self.stream[s] != p)
+            {
                 continue;
             }
-            let age = (self.closes - self.closed_at[s] + 1) as f64;
-            let u = f64::from(valid) / pps;
-            let score = if valid == 0 {
-                f64::INFINITY
-            } else {
-                age * (1.0 - u) / (2.0 * u)
+            let score = match self.policy {
+                GcPolicy::Greedy => -f64::from(valid),
+                GcPolicy::CostBenefit if valid == 0 => f64::INFINITY,
+                GcPolicy::CostBenefit => {
+                    let age = (self.closes - self.closed_at[s] + 1) as f64;
+                    let u = f64::from(valid) / pps;
+                    age * (1.0 - u) / (2.0 * u)
+                }
             };
             if best.is_none_or(|(b, _)| score > b) {
                 best = Some((score, sb));
             }
         }
-        let (_, sb) = best?;
-        self.unlink(sb, self.valid_count[sb as usize]);
-        self.state[sb as usize] = SuperblockState::Victim;
-        Some(sb)
+        best.map(|(_, sb)| sb)
     }
 
     /// Valid-page bitmap words of a superblock (bit i = slot i).
@@ -236,25 +283,35 @@ impl BlockManager {
         );
         self.state[sb] = SuperblockState::Free;
         self.erase_count[sb] += 1;
-        self.free.push_back(superblock);
+        self.free[usize::from(self.group[sb])].push_back(superblock);
+    }
+
+    /// Where superblock `sb`'s bucket `bucket` (of its group) is in `bucket_head`.
+    #[inline]
+    fn bucket_index(&self, sb: u32, bucket: u32) -> usize {
+        usize::from(self.group[sb as usize]) * (self.pages_per_superblock as usize + 1)
+            + bucket as usize
     }
 
     fn link(&mut self, sb: u32, bucket: u32) {
-        let head = self.bucket_head[bucket as usize];
+        let at = self.bucket_index(sb, bucket);
+        let head = self.bucket_head[at];
         self.next[sb as usize] = head;
         self.prev[sb as usize] = NONE;
         if head != NONE {
             self.prev[head as usize] = sb;
         }
-        self.bucket_head[bucket as usize] = sb;
-        self.min_bucket = self.min_bucket.min(bucket);
+        self.bucket_head[at] = sb;
+        let g = usize::from(self.group[sb as usize]);
+        self.min_bucket[g] = self.min_bucket[g].min(bucket);
     }
 
     fn unlink(&mut self, sb: u32, bucket: u32) {
         let (p, n) = (self.prev[sb as usize], self.next[sb as usize]);
         if p == NONE {
-            debug_assert_eq!(self.bucket_head[bucket as usize], sb);
-            self.bucket_head[bucket as usize] = n;
+            let at = self.bucket_index(sb, bucket);
+            debug_assert_eq!(self.bucket_head[at], sb);
+            self.bucket_head[at] = n;
         } else {
             self.next[p as usize] = n;
         }
@@ -278,9 +335,9 @@ impl BlockManager {
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.state.len() * (1 + 1 + 4 + 4 + 4 + 4)
+        self.state.len() * (1 + 1 + 1 + 4 + 4 + 4 + 4)
             + self.valid_bits.len() * 8
-            + self.free.capacity() * 4
+            + self.free.iter().map(|f| f.capacity() * 4).sum::<usize>()
             + self.bucket_head.len() * 4
     }
 
@@ -300,20 +357,30 @@ impl BlockManager {
         }
         let (free, open, used, victim) = self.state_counts();
         assert_eq!(free + open + used + victim, n as u32);
-        assert_eq!(free as usize, self.free.len(), "free pool vs Free states");
-        for &sb in &self.free {
-            assert_eq!(self.state[sb as usize], SuperblockState::Free);
+        assert_eq!(free, self.free_count(), "free pool vs Free states");
+        for (g, pool) in self.free.iter().enumerate() {
+            for &sb in pool {
+                assert_eq!(self.state[sb as usize], SuperblockState::Free);
+                assert_eq!(
+                    usize::from(self.group[sb as usize]),
+                    g,
+                    "free pool of group {g}"
+                );
+            }
         }
-        // Every used superblock is in exactly the bucket of its valid count.
+        // Every used superblock is in exactly the bucket of its valid count, in its group.
         let mut seen = 0;
-        for (bucket, &head) in self.bucket_head.iter().enumerate() {
+        let buckets = self.pages_per_superblock as usize + 1;
+        for (at, &head) in self.bucket_head.iter().enumerate() {
+            let (g, bucket) = (at / buckets, at % buckets);
             let mut sb = head;
             let mut prev = NONE;
             while sb != NONE {
                 assert_eq!(self.state[sb as usize], SuperblockState::Used);
                 assert_eq!(self.valid_count[sb as usize] as usize, bucket);
+                assert_eq!(usize::from(self.group[sb as usize]), g);
                 assert_eq!(self.prev[sb as usize], prev);
-                assert!(bucket as u32 >= self.min_bucket, "min_bucket overshoots");
+                assert!(bucket as u32 >= self.min_bucket[g], "min_bucket overshoots");
                 seen += 1;
                 prev = sb;
                 sb = self.next[sb as usize];
@@ -349,7 +416,7 @@ mod policy_tests {
             let mut m = BlockManager::new(&g, policy);
             let mut used = Vec::new();
             for valid in [4u32, 3] {
-                let sb = m.take_free(0).unwrap();
+                let sb = m.take_free(0, 0).unwrap();
                 for slot in 0..8 {
                     m.mark_valid(Ppn::new(sb * 8 + slot));
                 }
@@ -359,7 +426,11 @@ mod policy_tests {
                 }
                 used.push(sb);
             }
-            assert_eq!(m.pick_victim(1), Some(used[expected]), "{policy:?}");
+            assert_eq!(
+                m.pick_victim(0, 1, None),
+                Some(used[expected]),
+                "{policy:?}"
+            );
             m.check_invariants();
         }
     }

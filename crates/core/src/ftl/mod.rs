@@ -12,13 +12,15 @@ pub mod translation;
 pub mod write_buffer;
 
 use crate::addr::{Lpn, Ppn, NO_SUPERBLOCK};
-use crate::config::Config;
-use crate::flash::{transfer_ns, Cause, FlashOp, FlashTiming, OpTimes, MAPPING_PLACEMENT};
+use crate::config::{Config, GcScope, PlacementPolicy};
+use crate::flash::{
+    transfer_ns, Cause, FlashOp, FlashTiming, OpTimes, MAPPING_PLACEMENT, SHARED_GC_PLACEMENT,
+};
 use crate::geometry::Geometry;
-use crate::request::{Op, PageSpan, Request};
+use crate::request::{Op, PageSpan, Placement, Request};
 use block_manager::{BlockManager, SuperblockState};
 use mapping::MappingTable;
-pub use stats::FtlStats;
+pub use stats::{FdpEvent, FdpEventKind, FtlStats};
 use translation::TranslationPages;
 use write_buffer::WriteBuffer;
 
@@ -30,15 +32,36 @@ pub enum FtlError {
         length_bytes: u64,
         capacity_bytes: u64,
     },
-    #[error("stream {stream} does not exist (ftl.streams = {streams})")]
-    NoSuchStream { stream: u8, streams: u32 },
+    #[error("placement handle {handle} does not exist (the device has {handles}: fdp.handles or ftl.streams)")]
+    NoSuchHandle { handle: u8, handles: u32 },
+    #[error("reclaim group {group} does not exist (fdp.reclaim_groups = {groups})")]
+    NoSuchReclaimGroup { group: u8, groups: u32 },
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Frontier {
     superblock: u32,
     next_slot: u32,
+    /// When its reclaim unit was opened (for the RU time limit).
+    opened_ns: u64,
 }
+
+/// Where the device's placement comes from when the host's is not used (`fdp.placement`).
+enum Placer {
+    Host,
+    /// Per LPN, the host page write counter at its last write (`NEVER` if none).
+    Auto {
+        last_write: Vec<u32>,
+    },
+    /// Per host page write, in order, its data's lifetime in host page writes (u64::MAX: never
+    /// overwritten), and how many have been placed.
+    Ideal {
+        lifetimes: Vec<u64>,
+        next: usize,
+    },
+}
+
+const NEVER: u32 = u32::MAX;
 
 pub struct Ftl<M: MappingTable> {
     geometry: Geometry,
@@ -46,13 +69,24 @@ pub struct Ftl<M: MappingTable> {
     /// ppn -> lpn of the data last programmed there; meaningful only where the page is valid.
     lpn_of_ppn: Vec<Lpn>,
     blocks: BlockManager,
-    /// Index `stream * 2 + (cause == Gc)`; with a shared GC frontier both indices alias the host one.
+    /// Reclaim group `g`'s frontiers from `g * frontiers_per_group`: handle `h`'s at `2h` (its
+    /// GC's at `2h + 1`, used when GC has a frontier apart), then the initially isolated
+    /// handles' shared GC frontier at `2 * handles`; the translation pages' is the last of all.
     frontiers: Vec<Frontier>,
+    frontiers_per_group: usize,
     gc_separate_frontier: bool,
     timing: FlashTiming,
     buffer: WriteBuffer,
     host_page_ns: u64,
-    streams: u32,
+    handles: u32,
+    reclaim_groups: u32,
+    /// Bit `h`: handle `h` is persistently isolated.
+    persistent_handles: u64,
+    gc_scope: GcScope,
+    placer: Placer,
+    /// Host pages placed so far (the auto and ideal placers' clock; never reset).
+    host_pages_placed: u64,
+    ru_time_limit_ns: u64,
     /// Foreground GC while fewer superblocks than this are free.
     gc_foreground_below: u32,
     /// Background GC while fewer superblocks than this are free.
@@ -109,8 +143,20 @@ impl<M: MappingTable> Ftl<M> {
                 None => t,
             }
         });
-        // One frontier per stream (two with GC's apart), and the translation pages' last.
-        let frontiers = config.ftl.streams as usize * 2 + usize::from(translation.is_some());
+        let frontiers_per_group = geometry.handles as usize * 2 + 1;
+        let frontiers = geometry.reclaim_groups as usize * frontiers_per_group
+            + usize::from(translation.is_some());
+        let placer = match config.fdp.placement {
+            PlacementPolicy::Host => Placer::Host,
+            PlacementPolicy::Auto => Placer::Auto {
+                last_write: vec![NEVER; geometry.logical_pages as usize],
+            },
+            // The lifetimes come later, from whoever knows the requests (`use_lifetimes`).
+            PlacementPolicy::Ideal => Placer::Ideal {
+                lifetimes: Vec::new(),
+                next: 0,
+            },
+        };
         Self {
             map,
             lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, Lpn::NONE),
@@ -118,10 +164,12 @@ impl<M: MappingTable> Ftl<M> {
             frontiers: vec![
                 Frontier {
                     superblock: NO_SUPERBLOCK,
-                    next_slot: 0
+                    next_slot: 0,
+                    opened_ns: 0,
                 };
                 frontiers
             ],
+            frontiers_per_group,
             gc_separate_frontier: config.ftl.gc_separate_frontier,
             timing: FlashTiming::new(&config.flash, &geometry),
             buffer: WriteBuffer::new(
@@ -131,7 +179,13 @@ impl<M: MappingTable> Ftl<M> {
                 geometry.entries_per_translation_page,
             ),
             host_page_ns: transfer_ns(page_bytes, config.ftl.host_interface_mb_per_s),
-            streams: config.ftl.streams,
+            handles: geometry.handles,
+            reclaim_groups: geometry.reclaim_groups,
+            persistent_handles: geometry.persistent_handles,
+            gc_scope: config.fdp.gc_scope,
+            placer,
+            host_pages_placed: 0,
+            ru_time_limit_ns: config.fdp.ru_time_limit_ns,
             gc_foreground_below,
             gc_background_below,
             gc_background_min_invalid: (geometry.pages_per_superblock / 8).max(1),
@@ -194,6 +248,38 @@ impl<M: MappingTable> Ftl<M> {
             + self.blocks.heap_bytes()
             + self.buffer.heap_bytes()
             + self.translation.as_ref().map_or(0, |t| t.heap_bytes())
+            + match &self.placer {
+                Placer::Host => 0,
+                Placer::Auto { last_write } => last_write.capacity() * 4,
+                // The oracle's table is the simulator's knowledge, not the device's DRAM.
+                Placer::Ideal { .. } => 0,
+            }
+    }
+
+    /// Ideal placement (`fdp.placement = "ideal"`): the lifetime of each host page write to
+    /// come, in order, counted in host page writes until the page is next overwritten or
+    /// trimmed (u64::MAX: never). Pages beyond the list go to the coldest handle.
+    pub fn use_lifetimes(&mut self, lifetimes: Vec<u64>) {
+        if let Placer::Ideal { lifetimes: l, next } = &mut self.placer {
+            *l = lifetimes;
+            *next = 0;
+        }
+    }
+
+    /// Pages still available in each handle's open reclaim units (host frontiers, all reclaim
+    /// groups): FDP's "reclaim unit available media writes", by handle.
+    pub fn available_media_writes(&self) -> Vec<u64> {
+        let pps = u64::from(self.geometry.pages_per_superblock);
+        let mut pages = vec![0; self.handles as usize];
+        for g in 0..self.reclaim_groups as usize {
+            for (h, pages) in pages.iter_mut().enumerate() {
+                let f = self.frontiers[g * self.frontiers_per_group + 2 * h];
+                if f.superblock != NO_SUPERBLOCK {
+                    *pages += pps - u64::from(f.next_slot);
+                }
+            }
+        }
+        pages
     }
 
     /// The translation pages' books, when the mapping is persisted (protected ratio below 1).
@@ -293,10 +379,17 @@ impl<M: MappingTable> Ftl<M> {
                 capacity_bytes,
             });
         }
-        if u32::from(request.stream) >= self.streams {
-            return Err(FtlError::NoSuchStream {
-                stream: request.stream,
-                streams: self.streams,
+        let placement = request.placement;
+        if u32::from(placement.handle) >= self.handles {
+            return Err(FtlError::NoSuchHandle {
+                handle: placement.handle,
+                handles: self.handles,
+            });
+        }
+        if u32::from(placement.reclaim_group) >= self.reclaim_groups {
+            return Err(FtlError::NoSuchReclaimGroup {
+                group: placement.reclaim_group,
+                groups: self.reclaim_groups,
             });
         }
         if request.op == Op::Flush {
@@ -317,7 +410,8 @@ impl<M: MappingTable> Ftl<M> {
                 for lpn in span.touched() {
                     let partial = !span.is_whole(lpn);
                     let lpn = Lpn::new(lpn as u32);
-                    let t = self.write_page(lpn, request.stream, partial, now_ns);
+                    let placement = self.place(placement, lpn);
+                    let t = self.write_page(lpn, placement, partial, now_ns);
                     done_ns = done_ns.max(t);
                 }
             }
@@ -339,6 +433,51 @@ impl<M: MappingTable> Ftl<M> {
         Ok(done_ns)
     }
 
+    /// The placement of a host write of `lpn` the host asked to place at `asked`.
+    #[inline(always)]
+    fn place(&mut self, asked: Placement, lpn: Lpn) -> Placement {
+        let now = self.host_pages_placed;
+        self.host_pages_placed += 1;
+        let interval = match &mut self.placer {
+            Placer::Host => return asked,
+            Placer::Auto { last_write } => {
+                let last = std::mem::replace(&mut last_write[lpn.index()], now as u32);
+                if last == NEVER {
+                    u64::MAX
+                } else {
+                    u64::from((now as u32).wrapping_sub(last))
+                }
+            }
+            Placer::Ideal { lifetimes, next } => {
+                let lifetime = lifetimes.get(*next).copied().unwrap_or(u64::MAX);
+                *next += 1;
+                lifetime
+            }
+        };
+        Placement {
+            reclaim_group: asked.reclaim_group,
+            handle: self.temperature_handle(interval),
+        }
+    }
+
+    /// The handle for data rewritten after `interval` host page writes: handle `h` of `H` takes
+    /// intervals below logical_pages / 4^(H-1-h), the last handle the rest. Geometric bins, so
+    /// that two to eight handles span hot (a few percent of the device between rewrites) to
+    /// cold (never rewritten) on any device size.
+    #[inline]
+    fn temperature_handle(&self, interval: u64) -> u8 {
+        let last = self.handles - 1;
+        let mut handle = 0;
+        while handle < last {
+            let shift = (2 * (last - handle)).min(63);
+            if interval < self.geometry.logical_pages >> shift {
+                break;
+            }
+            handle += 1;
+        }
+        handle as u8
+    }
+
     fn read_page(&mut self, lpn: Lpn, now_ns: u64) -> u64 {
         self.stats.host_read_pages += 1;
         if self.buffer.contains(lpn) {
@@ -358,7 +497,7 @@ impl<M: MappingTable> Ftl<M> {
         }
     }
 
-    fn write_page(&mut self, lpn: Lpn, stream: u8, partial: bool, now_ns: u64) -> u64 {
+    fn write_page(&mut self, lpn: Lpn, placement: Placement, partial: bool, now_ns: u64) -> u64 {
         self.stats.host_write_pages += 1;
         let mut ready_ns = now_ns;
         if partial && !self.buffer.contains(lpn) {
@@ -372,25 +511,27 @@ impl<M: MappingTable> Ftl<M> {
             }
         }
         if !self.buffer.enabled() {
-            return self.program_host_page(lpn, stream, ready_ns).done_ns + self.host_page_ns;
+            return self.program_host_page(lpn, placement, ready_ns).done_ns + self.host_page_ns;
         }
         if self.buffer.contains(lpn) {
             self.stats.buffer_coalesced_pages += 1;
+            self.buffer.replace_placement(lpn, placement);
             return ready_ns + self.host_page_ns;
         }
         if self.buffer.is_full() {
             // The new page waits until the evicted one has left for its die.
             ready_ns = ready_ns.max(self.evict_one(now_ns));
         }
-        self.buffer.push(lpn, stream);
+        self.buffer.push(lpn, placement);
         ready_ns + self.host_page_ns
     }
 
     /// Writes the buffer's next page to flash; returns when its slot is free.
     fn evict_one(&mut self, now_ns: u64) -> u64 {
         match self.buffer.pop_next(self.translation.as_ref()) {
-            Some((lpn, stream)) if !lpn.is_none() => {
-                self.program_host_page(lpn, stream, now_ns).transferred_ns
+            Some((lpn, placement)) if !lpn.is_none() => {
+                self.program_host_page(lpn, placement, now_ns)
+                    .transferred_ns
             }
             _ => now_ns,
         }
@@ -398,9 +539,9 @@ impl<M: MappingTable> Ftl<M> {
 
     fn drain_buffer(&mut self, now_ns: u64) -> u64 {
         let mut done_ns = now_ns;
-        while let Some((lpn, stream)) = self.buffer.pop_next(self.translation.as_ref()) {
+        while let Some((lpn, placement)) = self.buffer.pop_next(self.translation.as_ref()) {
             if !lpn.is_none() {
-                done_ns = done_ns.max(self.program_host_page(lpn, stream, now_ns).done_ns);
+                done_ns = done_ns.max(self.program_host_page(lpn, placement, now_ns).done_ns);
             }
         }
         done_ns
@@ -423,11 +564,16 @@ impl<M: MappingTable> Ftl<M> {
         }
     }
 
-    /// GC as the thresholds demand, then one host page to flash.
-    fn program_host_page(&mut self, lpn: Lpn, stream: u8, ready_ns: u64) -> OpTimes {
+    /// GC of the placement's reclaim group as the thresholds demand, then one host page to
+    /// flash.
+    fn program_host_page(&mut self, lpn: Lpn, placement: Placement, ready_ns: u64) -> OpTimes {
         let mut ready_ns = ready_ns;
-        while self.blocks.free_count() < self.gc_foreground_below {
-            match self.collect_one(0, ready_ns) {
+        let group = placement.reclaim_group;
+        // GC scoped to a persistently isolated handle collects its superblocks first.
+        let only = (self.gc_scope == GcScope::Handle && self.is_persistent(placement.handle))
+            .then_some(placement.handle);
+        while self.blocks.free_in(group) < self.gc_foreground_below {
+            match self.collect_one(group, 0, only, ready_ns) {
                 Some(done) => {
                     self.stats.gc_foreground += 1;
                     ready_ns = ready_ns.max(done);
@@ -436,32 +582,78 @@ impl<M: MappingTable> Ftl<M> {
                 // this cannot happen (the geometry refuses such over-provisioning).
                 None => {
                     assert!(
-                        self.blocks.free_count() >= self.geometry.free_superblocks_min,
+                        self.blocks.free_in(group) >= self.geometry.free_superblocks_min,
                         "no reclaimable superblock with the free pool below its reserve"
                     );
                     break;
                 }
             }
         }
-        if self.blocks.free_count() < self.gc_background_below
+        if self.blocks.free_in(group) < self.gc_background_below
             && self
-                .collect_one(self.gc_background_min_invalid, ready_ns)
+                .collect_one(group, self.gc_background_min_invalid, only, ready_ns)
                 .is_some()
         {
             self.stats.gc_background += 1;
         }
-        self.program(lpn, stream, ready_ns, None)
+        if self.ru_time_limit_ns > 0 {
+            self.enforce_time_limit(placement, ready_ns);
+        }
+        self.program(lpn, placement, ready_ns, None)
     }
 
-    /// Greedy GC of one superblock with at least `min_invalid` invalid pages: its valid pages are
-    /// read and programmed elsewhere, then its blocks are erased. The flash operations occupy the
-    /// dies from `now_ns`; returns when the erase completes, or None when there is no victim.
-    fn collect_one(&mut self, min_invalid: u32, now_ns: u64) -> Option<u64> {
-        let victim = self.blocks.pick_victim(min_invalid)?;
+    /// Whether handle (placement) `handle` is persistently isolated.
+    #[inline(always)]
+    fn is_persistent(&self, handle: u8) -> bool {
+        handle < 64 && self.persistent_handles >> handle & 1 != 0
+    }
+
+    /// Closes the placement's open host reclaim unit unfilled if it has been open longer than
+    /// the time limit (an "RU time limit exceeded" event); its next write opens another.
+    #[cold]
+    #[inline(never)]
+    fn enforce_time_limit(&mut self, placement: Placement, now_ns: u64) {
+        let index = self.host_frontier(placement);
+        let f = self.frontiers[index];
+        if f.superblock == NO_SUPERBLOCK
+            || now_ns.saturating_sub(f.opened_ns) <= self.ru_time_limit_ns
+        {
+            return;
+        }
+        self.frontiers[index].superblock = NO_SUPERBLOCK;
+        self.blocks.close(f.superblock);
+        let p = &mut self.stats.flash;
+        p.unit_closed_unfilled(placement.handle);
+        self.stats.log_event(FdpEvent {
+            time_ns: now_ns,
+            kind: FdpEventKind::RuTimeLimitExceeded,
+            reclaim_group: placement.reclaim_group,
+            placement: placement.handle,
+            reclaim_unit: f.superblock,
+            pages: self.geometry.pages_per_superblock - f.next_slot,
+        });
+    }
+
+    /// GC of one superblock of reclaim group `group` with at least `min_invalid` invalid pages
+    /// (of placement `only` first, when given): its valid pages are read and programmed
+    /// elsewhere, then its blocks are erased. The flash operations occupy the dies from
+    /// `now_ns`; returns when the erase completes, or None when there is no victim.
+    fn collect_one(
+        &mut self,
+        group: u8,
+        min_invalid: u32,
+        only: Option<u8>,
+        now_ns: u64,
+    ) -> Option<u64> {
+        let victim = self.blocks.pick_victim(group, min_invalid, only)?;
         let stream = self.blocks.stream_of(victim);
         if stream == MAPPING_PLACEMENT {
             return Some(self.collect_translation(victim, now_ns));
         }
+        let from = Placement {
+            reclaim_group: group,
+            handle: stream,
+        };
         let base = victim * self.geometry.pages_per_superblock;
         // Gather the moves first: the reverse map is read sequentially, and each mapping entry
         // (a likely cache miss) is prefetched a few moves before it is updated.
@@ -494,8 +686,21 @@ impl<M: MappingTable> Ftl<M> {
             let read_ns = self
                 .flash(FlashOp::Read { ppn }, Cause::Gc, stream, now_ns)
                 .done_ns;
-            let t = self.program(lpn, stream, read_ns, Some(ppn));
+            let t = self.program(lpn, from, read_ns, Some(ppn));
             last_write_ns = last_write_ns.max(t.done_ns);
+        }
+        if !moves.is_empty() {
+            let counts = self.stats.flash.placement_mut(stream);
+            counts.relocations += 1;
+            counts.relocated_pages += moves.len() as u64;
+            self.stats.log_event(FdpEvent {
+                time_ns: now_ns,
+                kind: FdpEventKind::MediaRelocated,
+                reclaim_group: group,
+                placement: stream,
+                reclaim_unit: victim,
+                pages: moves.len() as u32,
+            });
         }
         self.gc_moves = moves;
         debug_assert_eq!(self.blocks.valid_count(victim), 0);
@@ -505,11 +710,17 @@ impl<M: MappingTable> Ftl<M> {
         Some(last_write_ns.max(erased_ns))
     }
 
-    /// Programs `lpn` at its stream's frontier and updates mapping, reverse map and validity.
-    /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
-    /// table need not look it up).
+    /// Programs `lpn` at its placement's frontier and updates mapping, reverse map and
+    /// validity. `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from
+    /// (the table need not look it up), and `placement` the victim's.
     #[inline(always)]
-    fn program(&mut self, lpn: Lpn, stream: u8, ready_ns: u64, moved_from: Option<Ppn>) -> OpTimes {
+    fn program(
+        &mut self,
+        lpn: Lpn,
+        placement: Placement,
+        ready_ns: u64,
+        moved_from: Option<Ppn>,
+    ) -> OpTimes {
         let cause = if moved_from.is_some() {
             Cause::Gc
         } else {
@@ -518,8 +729,8 @@ impl<M: MappingTable> Ftl<M> {
         // The entry is about to change: a translation page that must become dirty may first
         // need another written back, and this program waits for it.
         let ready_ns = self.make_dirty(lpn, ready_ns);
-        let (ppn, filled) = self.allocate(stream, cause);
-        let times = self.flash(FlashOp::Program { ppn }, cause, stream, ready_ns);
+        let (ppn, filled, placed) = self.allocate(placement, cause, ready_ns);
+        let times = self.flash(FlashOp::Program { ppn }, cause, placed, ready_ns);
         let old = match moved_from {
             Some(from) => {
                 self.map.relocate(lpn.get(), from.get(), ppn.get());
@@ -631,7 +842,8 @@ impl<M: MappingTable> Ftl<M> {
     #[cold]
     #[inline(never)]
     fn write_back(&mut self, page: u32, cause: Cause, ready_ns: u64) -> u64 {
-        let (ppn, filled) = self.allocate_at(self.mapping_frontier(), MAPPING_PLACEMENT);
+        let (ppn, filled) =
+            self.allocate_at(self.mapping_frontier(), 0, MAPPING_PLACEMENT, ready_ns);
         let done_ns = self
             .flash(FlashOp::Program { ppn }, cause, MAPPING_PLACEMENT, ready_ns)
             .done_ns;
@@ -701,7 +913,8 @@ impl<M: MappingTable> Ftl<M> {
                         now_ns,
                     )
                     .done_ns;
-                let (to, filled) = self.allocate_at(self.mapping_frontier(), MAPPING_PLACEMENT);
+                let (to, filled) =
+                    self.allocate_at(self.mapping_frontier(), 0, MAPPING_PLACEMENT, read_ns);
                 let t = self.flash(
                     FlashOp::Program { ppn: to },
                     Cause::Gc,
@@ -725,26 +938,48 @@ impl<M: MappingTable> Ftl<M> {
         )
     }
 
-    /// The next page of the frontier, and whether that page fills its superblock.
-    #[inline]
-    fn allocate(&mut self, stream: u8, cause: Cause) -> (Ppn, bool) {
-        let index =
-            stream as usize * 2 + usize::from(cause == Cause::Gc && self.gc_separate_frontier);
-        self.allocate_at(index, stream)
+    /// Frontier index of the placement's host writes.
+    #[inline(always)]
+    fn host_frontier(&self, placement: Placement) -> usize {
+        usize::from(placement.reclaim_group) * self.frontiers_per_group
+            + 2 * usize::from(placement.handle)
     }
 
-    /// The next page of frontier `index`, whose superblocks belong to `placement`.
+    /// The next page for data of `placement` written for `cause`, whether that page fills its
+    /// superblock, and the placement its superblock belongs to: the handle's own, except GC
+    /// moves of initially isolated handles' data (and of the superblocks they share), which go
+    /// to the shared GC frontier.
+    #[inline(always)]
+    fn allocate(&mut self, placement: Placement, cause: Cause, now_ns: u64) -> (Ppn, bool, u8) {
+        let gc = cause == Cause::Gc;
+        let (index, placed) = if gc && !self.is_persistent(placement.handle) {
+            let index = usize::from(placement.reclaim_group) * self.frontiers_per_group
+                + self.frontiers_per_group
+                - 1;
+            (index, SHARED_GC_PLACEMENT)
+        } else {
+            let index =
+                self.host_frontier(placement) + usize::from(gc && self.gc_separate_frontier);
+            (index, placement.handle)
+        };
+        let (ppn, filled) = self.allocate_at(index, placement.reclaim_group, placed, now_ns);
+        (ppn, filled, placed)
+    }
+
+    /// The next page of frontier `index`, whose superblocks are taken from reclaim group `group`
+    /// and belong to `placement`.
     #[inline]
-    fn allocate_at(&mut self, index: usize, placement: u8) -> (Ppn, bool) {
+    fn allocate_at(&mut self, index: usize, group: u8, placement: u8, now_ns: u64) -> (Ppn, bool) {
         let pps = self.geometry.pages_per_superblock;
         let mut f = self.frontiers[index];
         if f.superblock == NO_SUPERBLOCK {
             f.superblock = self
                 .blocks
-                .take_free(placement)
+                .take_free(group, placement)
                 .expect("free pool empty: GC reserve violated");
             self.stats.flash.unit_opened(placement);
             f.next_slot = 0;
+            f.opened_ns = now_ns;
         }
         let ppn = Ppn::new(f.superblock * pps + f.next_slot);
         f.next_slot += 1;
@@ -812,10 +1047,56 @@ impl<M: MappingTable> Ftl<M> {
             mapped + translation_pages,
             "valid pages vs mapped LPNs and translation pages"
         );
-        for f in &self.frontiers {
+        for (i, f) in self.frontiers.iter().enumerate() {
             if f.superblock != NO_SUPERBLOCK {
                 assert_eq!(self.blocks.state(f.superblock), SuperblockState::Open);
+                // A reclaim group's frontiers fill its own superblocks (the translation
+                // pages', the last, group 0's).
+                let group = (i / self.frontiers_per_group).min(self.reclaim_groups as usize - 1);
+                let group = if i == self.frontiers.len() - 1 && self.translation.is_some() {
+                    0
+                } else {
+                    group
+                };
+                assert_eq!(usize::from(self.blocks.group_of(f.superblock)), group);
             }
+        }
+        // Isolation: a superblock of a persistently isolated handle holds no page of data
+        // another handle wrote last (`owner_of` says who did, when the caller tracks it).
+        for sb in 0..self.geometry.superblocks {
+            let p = self.blocks.stream_of(sb);
+            if self.blocks.state(sb) != SuperblockState::Free && p != MAPPING_PLACEMENT {
+                assert!(
+                    u32::from(p) < self.handles || p == SHARED_GC_PLACEMENT,
+                    "superblock {sb} of placement {p}"
+                );
+                assert!(
+                    p != SHARED_GC_PLACEMENT || self.persistent_handles.count_ones() < self.handles,
+                    "a shared GC superblock with no initially isolated handle"
+                );
+            }
+        }
+    }
+
+    /// Panics unless every valid page of data lives in a superblock its writer's handle may
+    /// use: its own, or (for an initially isolated handle) the shared GC ones. `handle_of(lpn)`
+    /// is the handle the caller last wrote `lpn` with. Pages in the write buffer are skipped
+    /// (their copy on flash, if any, is an older write's). For tests of isolation.
+    pub fn check_isolation(&self, handle_of: impl Fn(Lpn) -> u8) {
+        for lpn in (0..self.geometry.logical_pages as u32).map(Lpn::new) {
+            if self.buffer.contains(lpn) {
+                continue;
+            }
+            let Some(ppn) = self.map.get_uncounted(lpn.get()).map(Ppn::new) else {
+                continue;
+            };
+            let held_by = self.blocks.stream_of(self.geometry.superblock_of(ppn));
+            let wrote = handle_of(lpn);
+            let shared_ok = held_by == SHARED_GC_PLACEMENT && !self.is_persistent(wrote);
+            assert!(
+                held_by == wrote || shared_ok,
+                "lpn {lpn} written by handle {wrote} lives in a superblock of placement {held_by}"
+            );
         }
     }
 }
@@ -853,7 +1134,7 @@ mod tests {
         let mut now = 0;
         for lpn in 0..pages {
             let mut r = Request::new(now, Op::Write, lpn * page, page);
-            r.stream = 1;
+            r.placement = Placement::handle(1);
             now = ftl.submit(&r, now).unwrap();
         }
         let mut rng = crate::rng::SplitMix64::new(7);
@@ -980,5 +1261,187 @@ mod translation_tests {
         assert!(s.mapping_write_pages() > 0, "{s:?}");
         ftl.power_cut(now);
         ftl.check_invariants();
+    }
+}
+
+#[cfg(test)]
+mod fdp_tests {
+    use super::*;
+    use crate::config::ConfigBuilder;
+    use crate::flash::Cause;
+    use crate::ftl::mapping::FlatMapping;
+
+    /// A device of 2 channels x 32 blocks of 8 pages, one die per superblock, with `extra`.
+    fn device(extra: &[&str]) -> Ftl<FlatMapping> {
+        let mut b = ConfigBuilder::from_preset("femu").unwrap();
+        let base = [
+            "flash.channels=2",
+            "flash.dies_per_channel=1",
+            "flash.blocks_per_die=32",
+            "flash.pages_per_block=8",
+            "flash.superblock_dies=1",
+            "capacity.over_provisioning=0.5",
+        ];
+        for s in base.iter().chain(extra) {
+            b.set(s).unwrap();
+        }
+        let config = b.build().unwrap();
+        let g = config.geometry().unwrap();
+        Ftl::new(&config, g.clone(), FlatMapping::new(g.logical_pages))
+    }
+
+    fn write(ftl: &mut Ftl<FlatMapping>, lpn: u64, placement: Placement, now: u64) -> u64 {
+        let mut r = Request::new(now, Op::Write, lpn * 4096, 4096);
+        r.placement = placement;
+        ftl.submit(&r, now).unwrap()
+    }
+
+    /// Handle 0 (initially isolated) and handle 1 (persistently isolated) churn: GC moves
+    /// handle 0's data into the shared GC reclaim units (254), handle 1's only into its own,
+    /// and the FDP counts (media relocated) see it.
+    #[test]
+    fn gc_mixes_only_initially_isolated_handles() {
+        let mut ftl = device(&["fdp.handles=[\"initial\", \"persistent\"]"]);
+        let logical = ftl.geometry().logical_pages;
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let mut now = 0;
+        let mut handle_of = vec![0u8; logical as usize];
+        for _ in 0..8 * logical {
+            let lpn = rng.bounded(logical);
+            let h = (lpn % 2) as u8;
+            handle_of[lpn as usize] = h;
+            now = write(&mut ftl, lpn, Placement::handle(h), now);
+        }
+        ftl.check_invariants();
+        ftl.check_isolation(|lpn| handle_of[lpn.index()]);
+        let p = ftl.stats().flash.placements();
+        assert!(p[usize::from(SHARED_GC_PLACEMENT)].program_pages[Cause::Gc as usize] > 0);
+        assert_eq!(
+            p[0].program_pages[Cause::Gc as usize],
+            0,
+            "handle 0's GC goes to 254"
+        );
+        assert!(
+            p[1].program_pages[Cause::Gc as usize] > 0,
+            "handle 1's GC stays in it"
+        );
+        assert!(p[0].relocations > 0 && p[1].relocations > 0);
+        assert!(ftl.stats().fdp_events.len() <= stats::FDP_EVENT_LOG);
+        assert!(ftl
+            .stats()
+            .fdp_events
+            .iter()
+            .any(|e| e.kind == FdpEventKind::MediaRelocated));
+    }
+
+    /// Two reclaim groups: each write's data stays in its group's superblocks through GC.
+    #[test]
+    fn reclaim_groups_keep_their_data() {
+        let mut ftl = device(&["fdp.reclaim_groups=2"]);
+        let logical = ftl.geometry().logical_pages;
+        let mut rng = crate::rng::SplitMix64::new(12);
+        let mut now = 0;
+        for _ in 0..6 * logical {
+            let lpn = rng.bounded(logical);
+            let placement = Placement {
+                reclaim_group: (lpn % 2) as u8,
+                handle: 0,
+            };
+            now = write(&mut ftl, lpn, placement, now);
+        }
+        ftl.check_invariants();
+        assert!(ftl.stats().gc_write_pages() > 0);
+        let g = ftl.geometry().clone();
+        for lpn in 0..logical {
+            if let Some(ppn) = ftl.lookup(Lpn::new(lpn as u32)) {
+                assert_eq!(
+                    u64::from(ftl.blocks().group_of(g.superblock_of(ppn))),
+                    lpn % 2,
+                    "lpn {lpn}"
+                );
+            }
+        }
+        // A group that does not exist is refused.
+        let mut r = Request::new(now, Op::Write, 0, 4096);
+        r.placement.reclaim_group = 2;
+        assert_eq!(
+            ftl.submit(&r, now),
+            Err(FtlError::NoSuchReclaimGroup {
+                group: 2,
+                groups: 2
+            })
+        );
+    }
+
+    /// A reclaim unit open past the time limit is closed unfilled at its handle's next write:
+    /// an event, counted, with the pages it left unwritten.
+    #[test]
+    fn the_ru_time_limit_closes_a_slow_reclaim_unit() {
+        let mut ftl = device(&["fdp.ru_time_limit_ns=1000000"]);
+        write(&mut ftl, 0, Placement::default(), 0);
+        write(&mut ftl, 1, Placement::default(), 10);
+        // 2 ms later: the unit opened at 0 is past its 1 ms.
+        write(&mut ftl, 2, Placement::default(), 2_000_000);
+        let s = ftl.stats();
+        assert_eq!(s.flash.placements()[0].units_closed_unfilled, 1);
+        assert_eq!(s.flash.placements()[0].units_opened, 2);
+        let e = s.fdp_events.back().unwrap();
+        assert_eq!(e.kind, FdpEventKind::RuTimeLimitExceeded);
+        assert_eq!(e.pages, 8 - 2);
+        ftl.check_invariants();
+    }
+
+    /// Auto placement: pages rewritten often go to the hot handle, pages written once to the
+    /// coldest; the host's placement is ignored.
+    #[test]
+    fn auto_placement_separates_by_rewrite_interval() {
+        let mut ftl = device(&["ftl.streams=2", "fdp.placement=\"auto\""]);
+        let logical = ftl.geometry().logical_pages;
+        let mut now = 0;
+        // LPN 0 rewritten every other write; LPNs 1.. written once each.
+        for lpn in 1..logical / 2 {
+            now = write(&mut ftl, 0, Placement::handle(1), now);
+            now = write(&mut ftl, lpn, Placement::handle(0), now);
+        }
+        let p = ftl.stats().flash.placements();
+        let hot = p[0].program_pages[Cause::Host as usize];
+        let cold = p[1].program_pages[Cause::Host as usize];
+        // Every rewrite of LPN 0 (all but its first write) is hot; every other page is cold.
+        assert_eq!(hot, logical / 2 - 2);
+        assert_eq!(cold, logical / 2);
+    }
+
+    /// Handle-scoped GC: writes of handle 1 that need room collect handle 1's superblocks,
+    /// and take handle 0's (emptier, all invalid) only when handle 1 has none to give; with
+    /// device scope they take handle 0's first.
+    #[test]
+    fn handle_scoped_gc_collects_the_writers_own_superblocks() {
+        let mut erased_in_phase_two = Vec::new();
+        for scope in ["device", "handle"] {
+            let mut ftl = device(&["ftl.streams=2", &format!("fdp.gc_scope=\"{scope}\"")]);
+            let logical = ftl.geometry().logical_pages;
+            let mut now = 0;
+            // Handle 0 writes the first half twice (its first copies become garbage); then
+            // handle 1 fills and rewrites the second half.
+            let half = logical / 2;
+            for _ in 0..2 {
+                for lpn in 0..half {
+                    now = write(&mut ftl, lpn, Placement::handle(0), now);
+                }
+            }
+            let erased = |ftl: &Ftl<FlatMapping>| {
+                ftl.stats().flash.placements()[0].erased_blocks[Cause::Gc as usize]
+            };
+            let before = erased(&ftl);
+            let mut rng = crate::rng::SplitMix64::new(3);
+            for _ in 0..4 * half {
+                let lpn = half + rng.bounded(half);
+                now = write(&mut ftl, lpn, Placement::handle(1), now);
+            }
+            ftl.check_invariants();
+            erased_in_phase_two.push(erased(&ftl) - before);
+        }
+        let (device, handle) = (erased_in_phase_two[0], erased_in_phase_two[1]);
+        assert!(handle < device, "handle 0's superblocks erased by handle 1's writes: device scope {device}, handle scope {handle}");
     }
 }

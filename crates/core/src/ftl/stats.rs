@@ -1,6 +1,32 @@
 //! Counters the FTL keeps; the report derives every ratio from them.
 
 use crate::flash::{Cause, FlashCounts, MAPPING_PLACEMENT};
+use std::collections::VecDeque;
+
+/// An NVMe FDP event (`nvme fdp events`), as the FTL logs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdpEvent {
+    pub time_ns: u64,
+    pub kind: FdpEventKind,
+    pub reclaim_group: u8,
+    /// The placement (handle) whose reclaim unit it concerns.
+    pub placement: u8,
+    /// The reclaim unit (superblock number).
+    pub reclaim_unit: u32,
+    /// Media relocated: pages moved; time limit exceeded: pages left unwritten.
+    pub pages: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdpEventKind {
+    /// A reclaim unit open longer than `fdp.ru_time_limit_ns` was closed unfilled.
+    RuTimeLimitExceeded,
+    /// GC moved valid data out of a reclaim unit.
+    MediaRelocated,
+}
+
+/// How many of the latest FDP events the FTL keeps (a device's event log is bounded too).
+pub const FDP_EVENT_LOG: usize = 64;
 
 /// What the host asked of the FTL and what the FTL did. Flash work is counted once, by cause and
 /// placement, in `flash`; the page counts below it are views of that record.
@@ -18,9 +44,19 @@ pub struct FtlStats {
     pub buffer_coalesced_pages: u64,
     pub buffer_read_hits: u64,
     pub flushes: u64,
+    /// The latest FDP events, oldest first (at most [`FDP_EVENT_LOG`]; the per-placement
+    /// counts in `flash` count them all).
+    pub fdp_events: VecDeque<FdpEvent>,
 }
 
 impl FtlStats {
+    pub fn log_event(&mut self, event: FdpEvent) {
+        if self.fdp_events.len() == FDP_EVENT_LOG {
+            self.fdp_events.pop_front();
+        }
+        self.fdp_events.push_back(event);
+    }
+
     /// Flash programs carrying host data (fewer than host writes when the buffer coalesces).
     pub fn host_program_pages(&self) -> u64 {
         self.flash.program_pages(Cause::Host)

@@ -15,6 +15,7 @@ use crate::addr::Lpn;
 pub use crate::config::BufferPolicy;
 use crate::ftl::translation::TranslationPages;
 use crate::geometry::Divisor;
+use crate::request::Placement;
 use std::collections::VecDeque;
 
 /// No slot: the page is not buffered. Also the end of every intrusive list here.
@@ -25,7 +26,7 @@ const NO_SLOT: u32 = u32::MAX;
 struct Groups {
     per_page: Divisor,
     slot_lpn: Vec<Lpn>,
-    slot_stream: Vec<u8>,
+    slot_placement: Vec<Placement>,
     slot_seq: Vec<u64>,
     /// The group's list of slots, and the free list (through `slot_next`).
     slot_next: Vec<u32>,
@@ -56,7 +57,7 @@ impl Groups {
         Self {
             per_page: Divisor::new(entries_per_page),
             slot_lpn: vec![Lpn::NONE; c],
-            slot_stream: vec![0; c],
+            slot_placement: vec![Placement::default(); c],
             slot_seq: vec![0; c],
             // All slots free, in order.
             slot_next: (1..=capacity)
@@ -77,14 +78,14 @@ impl Groups {
         }
     }
 
-    fn push(&mut self, lpn: Lpn, stream: u8) -> u32 {
+    fn push(&mut self, lpn: Lpn, placement: Placement) -> u32 {
         let slot = self.free;
         debug_assert_ne!(slot, NO_SLOT, "buffer full");
         let s = slot as usize;
         self.free = self.slot_next[s];
         self.seq += 1;
         self.slot_lpn[s] = lpn;
-        self.slot_stream[s] = stream;
+        self.slot_placement[s] = placement;
         self.slot_seq[s] = self.seq;
         self.order.push_back((slot, self.seq));
         let group = self.per_page.quotient(lpn.get());
@@ -101,9 +102,9 @@ impl Groups {
     }
 
     /// Frees `slot`, taking it out of its group.
-    fn remove(&mut self, slot: u32) -> (Lpn, u8) {
+    fn remove(&mut self, slot: u32) -> (Lpn, Placement) {
         let s = slot as usize;
-        let (lpn, stream) = (self.slot_lpn[s], self.slot_stream[s]);
+        let (lpn, placement) = (self.slot_lpn[s], self.slot_placement[s]);
         let group = self.per_page.quotient(lpn.get());
         let g = group as usize;
         let (before, after) = (self.slot_prev[s], self.slot_next[s]);
@@ -119,7 +120,7 @@ impl Groups {
         self.slot_next[s] = self.free;
         self.free = slot;
         self.resize(group, self.count[g] - 1);
-        (lpn, stream)
+        (lpn, placement)
     }
 
     /// Moves `group` to the bucket of `count` pages.
@@ -178,7 +179,7 @@ impl Groups {
         self.bucket[self.max_count as usize]
     }
 
-    fn pop(&mut self, dirty: Option<&TranslationPages>) -> (Lpn, u8) {
+    fn pop(&mut self, dirty: Option<&TranslationPages>) -> (Lpn, Placement) {
         if self.current == NO_SLOT || self.count[self.current as usize] == 0 {
             self.current = self.choose(dirty);
         }
@@ -193,7 +194,7 @@ pub struct WriteBuffer {
     capacity_pages: u32,
     /// Ring of buffered LPNs, oldest at `head`; `Lpn::NONE` marks a trimmed entry (a tombstone).
     ring_lpn: Vec<Lpn>,
-    ring_stream: Vec<u8>,
+    ring_placement: Vec<Placement>,
     head: u32,
     len: u32,
     /// Slot of each buffered LPN, `NO_SLOT` otherwise; empty when the buffer is disabled.
@@ -220,7 +221,7 @@ impl WriteBuffer {
             policy,
             capacity_pages,
             ring_lpn: vec![Lpn::NONE; capacity_pages as usize],
-            ring_stream: vec![0; capacity_pages as usize],
+            ring_placement: vec![Placement::default(); capacity_pages as usize],
             head: 0,
             len: 0,
             slot_of_lpn: crate::table::filled(lpn_slots, NO_SLOT),
@@ -256,14 +257,14 @@ impl WriteBuffer {
 
     /// Adds a page that is not buffered yet; the caller made room first.
     #[inline]
-    pub fn push(&mut self, lpn: Lpn, stream: u8) {
+    pub fn push(&mut self, lpn: Lpn, placement: Placement) {
         debug_assert!(!self.is_full() && !self.contains(lpn));
         let slot = match &mut self.groups {
-            Some(groups) => groups.push(lpn, stream),
+            Some(groups) => groups.push(lpn, placement),
             None => {
                 let slot = (self.head + self.len) % self.capacity_pages;
                 self.ring_lpn[slot as usize] = lpn;
-                self.ring_stream[slot as usize] = stream;
+                self.ring_placement[slot as usize] = placement;
                 slot
             }
         };
@@ -275,30 +276,40 @@ impl WriteBuffer {
     /// whose slot is simply freed. `dirty`: the translation pages' books, which `Hexa` prefers
     /// to evict into.
     #[inline]
-    pub fn pop_next(&mut self, dirty: Option<&TranslationPages>) -> Option<(Lpn, u8)> {
+    pub fn pop_next(&mut self, dirty: Option<&TranslationPages>) -> Option<(Lpn, Placement)> {
         if self.len == 0 {
             return None;
         }
         match self.policy {
             BufferPolicy::Hexa => {
                 let groups = self.groups.as_mut().expect("Hexa keeps groups");
-                let (lpn, stream) = groups.pop(dirty);
+                let (lpn, placement) = groups.pop(dirty);
                 self.slot_of_lpn[lpn.index()] = NO_SLOT;
                 self.len -= 1;
-                Some((lpn, stream))
+                Some((lpn, placement))
             }
             BufferPolicy::Fifo => {
                 let slot = self.head as usize;
                 let lpn = self.ring_lpn[slot];
-                let stream = self.ring_stream[slot];
+                let placement = self.ring_placement[slot];
                 self.ring_lpn[slot] = Lpn::NONE;
                 self.head = (self.head + 1) % self.capacity_pages;
                 self.len -= 1;
                 if !lpn.is_none() {
                     self.slot_of_lpn[lpn.index()] = NO_SLOT;
                 }
-                Some((lpn, stream))
+                Some((lpn, placement))
             }
+        }
+    }
+
+    /// A buffered page was written again: it leaves with the newer write's placement.
+    #[inline]
+    pub fn replace_placement(&mut self, lpn: Lpn, placement: Placement) {
+        let slot = self.slot_of_lpn[lpn.index()] as usize;
+        match &mut self.groups {
+            Some(groups) => groups.slot_placement[slot] = placement,
+            None => self.ring_placement[slot] = placement,
         }
     }
 
@@ -324,12 +335,12 @@ impl WriteBuffer {
 
     pub fn heap_bytes(&self) -> usize {
         let groups = self.groups.as_ref().map_or(0, |g| {
-            g.slot_lpn.len() * (4 + 1 + 8 + 4 + 4)
+            g.slot_lpn.len() * (4 + 2 + 8 + 4 + 4)
                 + g.count.len() * (4 * 4)
                 + g.bucket.len() * 4
                 + g.order.capacity() * 16
         });
-        self.ring_lpn.len() * 5 + self.slot_of_lpn.len() * 4 + groups
+        self.ring_lpn.len() * 6 + self.slot_of_lpn.len() * 4 + groups
     }
 }
 
@@ -347,7 +358,7 @@ mod tests {
     fn filled(policy: BufferPolicy, pushes: &[u32]) -> WriteBuffer {
         let mut b = WriteBuffer::new(8, 16, policy, 4);
         for &l in pushes {
-            b.push(Lpn::new(l), 0);
+            b.push(Lpn::new(l), Placement::default());
         }
         b
     }
@@ -388,12 +399,12 @@ mod tests {
     #[test]
     fn hexa_lets_no_page_starve() {
         let mut b = WriteBuffer::new(4, 64, BufferPolicy::Hexa, 4);
-        b.push(Lpn::new(40), 0); // a group of one, the oldest
+        b.push(Lpn::new(40), Placement::default()); // a group of one, the oldest
         let mut out = Vec::new();
         // Groups of two keep arriving; each pop takes the largest until 40 is too old.
         for i in 0..8u32 {
-            b.push(Lpn::new(i * 4), 0);
-            b.push(Lpn::new(i * 4 + 1), 0);
+            b.push(Lpn::new(i * 4), Placement::default());
+            b.push(Lpn::new(i * 4 + 1), Placement::default());
             while b.len() > 2 {
                 out.push(b.pop_next(None).unwrap().0.get());
             }

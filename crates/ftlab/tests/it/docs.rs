@@ -141,7 +141,7 @@ fn the_config_reference_names_every_key_and_only_keys_that_exist() {
         .collect();
     assert_eq!(
         tables,
-        ["flash", "capacity", "ftl", "workload", "report"],
+        ["flash", "capacity", "ftl", "workload", "fdp", "report"],
         "the sections of docs/config.md"
     );
     for table in tables {

@@ -1,14 +1,15 @@
 //! Property tests: random writes, trims, reads and flushes on small devices of many shapes; after
-//! every operation the FTL's invariants hold, and which LPNs hold data matches a HashMap oracle.
+//! every operation the FTL's invariants hold, which LPNs hold data matches a HashMap oracle, and
+//! no GC move ever puts a persistently isolated handle's data beside another handle's.
 
 use crate::support::cases;
 use ftlab_core::addr::Lpn;
 use ftlab_core::config::ConfigBuilder;
 use ftlab_core::ftl::mapping::FlatMapping;
 use ftlab_core::ftl::Ftl;
-use ftlab_core::request::{Op, Request};
+use ftlab_core::request::{Op, Placement, Request};
 use proptest::prelude::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Clone, Debug)]
 enum Action {
@@ -33,29 +34,53 @@ fn action(logical_pages: u64) -> impl Strategy<Value = Action> {
 struct Shape {
     channels: u32,
     superblock_dies: u32,
-    streams: u32,
+    /// Handle types (true: persistently isolated); one entry: `ftl.streams = 1`.
+    handles: Vec<bool>,
     separate_gc: bool,
     buffer_pages: u32,
     rho: f64,
+    reclaim_groups: u32,
+    gc_by_handle: bool,
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
     (
         1..=2u32,
         any::<bool>(),
-        1..=3u32,
+        prop::collection::vec(any::<bool>(), 1..=3),
         any::<bool>(),
         prop_oneof![Just(0u32), Just(4), Just(32)],
         0.15..0.6f64,
+        any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(channels, stripe, streams, separate_gc, buffer_pages, rho)| Shape {
+            |(
                 channels,
-                superblock_dies: if stripe { channels } else { 1 },
-                streams,
+                stripe,
+                handles,
                 separate_gc,
                 buffer_pages,
                 rho,
+                two_groups,
+                gc_by_handle,
+            )| {
+                let superblock_dies = if stripe { channels } else { 1 };
+                Shape {
+                    channels,
+                    superblock_dies,
+                    handles,
+                    separate_gc,
+                    buffer_pages,
+                    rho,
+                    // Two reclaim groups where there are two die groups.
+                    reclaim_groups: if two_groups && channels / superblock_dies == 2 {
+                        2
+                    } else {
+                        1
+                    },
+                    gc_by_handle,
+                }
             },
         )
 }
@@ -79,7 +104,10 @@ proptest! {
             format!("flash.pages_per_block={PAGES_PER_BLOCK}"),
             format!("flash.superblock_dies={}", shape.superblock_dies),
             format!("capacity.over_provisioning={}", shape.rho),
-            format!("ftl.streams={}", shape.streams),
+            format!("fdp.handles={:?}", shape.handles.iter()
+                .map(|&p| if p { "persistent" } else { "initial" }).collect::<Vec<_>>()),
+            format!("fdp.reclaim_groups={}", shape.reclaim_groups),
+            format!("fdp.gc_scope={}", if shape.gc_by_handle { "handle" } else { "device" }),
             format!("ftl.gc_separate_frontier={}", shape.separate_gc),
             format!("ftl.write_buffer_mib={}", f64::from(shape.buffer_pages) * 4096.0 / 1048576.0),
         ] {
@@ -94,35 +122,48 @@ proptest! {
         let logical = geometry.logical_pages;
         let mut ftl = Ftl::new(&config, config.geometry().unwrap(), FlatMapping::new(logical));
         let mut oracle: HashSet<u64> = HashSet::new();
+        // The handle each LPN's data was last written with.
+        let mut handle_of: HashMap<u64, u8> = HashMap::new();
         let mut now = 0u64;
-        for a in actions {
+        for (i, a) in actions.into_iter().enumerate() {
             let request = match a {
                 Action::Write { page, pages, stream } => {
                     let page = page % logical;
                     let pages = pages.min(logical - page);
-                    for p in page..page + pages { oracle.insert(p); }
-                    Request { arrival_ns: 0, op: Op::Write, offset_bytes: page * 4096, length_bytes: pages * 4096,
-                              stream: stream % shape.streams as u8 }
+                    let handle = stream % shape.handles.len() as u8;
+                    for p in page..page + pages {
+                        oracle.insert(p);
+                        handle_of.insert(p, handle);
+                    }
+                    let placement = Placement {
+                        reclaim_group: (i as u32 % shape.reclaim_groups) as u8,
+                        handle,
+                    };
+                    Request { arrival_ns: 0, op: Op::Write, offset_bytes: page * 4096, length_bytes: pages * 4096, placement }
                 }
                 Action::PartialWrite { byte, len } => {
                     let byte = byte % (logical * 4096);
                     let len = len.min(logical * 4096 - byte);
-                    for p in byte / 4096..=(byte + len - 1) / 4096 { oracle.insert(p); }
-                    Request { arrival_ns: 0, op: Op::Write, offset_bytes: byte, length_bytes: len, stream: 0 }
+                    for p in byte / 4096..=(byte + len - 1) / 4096 {
+                        oracle.insert(p);
+                        handle_of.insert(p, 0);
+                    }
+                    Request { arrival_ns: 0, op: Op::Write, offset_bytes: byte, length_bytes: len, placement: Placement::default() }
                 }
                 Action::Trim { page, pages } => {
                     let page = page % logical;
                     let pages = pages.min(logical - page);
                     for p in page..page + pages { oracle.remove(&p); }
-                    Request { arrival_ns: 0, op: Op::Trim, offset_bytes: page * 4096, length_bytes: pages * 4096, stream: 0 }
+                    Request { arrival_ns: 0, op: Op::Trim, offset_bytes: page * 4096, length_bytes: pages * 4096, placement: Placement::default() }
                 }
-                Action::Read { page } => Request { arrival_ns: 0, op: Op::Read, offset_bytes: (page % logical) * 4096, length_bytes: 4096, stream: 0 },
-                Action::Flush => Request { arrival_ns: 0, op: Op::Flush, offset_bytes: 0, length_bytes: 0, stream: 0 },
+                Action::Read { page } => Request { arrival_ns: 0, op: Op::Read, offset_bytes: (page % logical) * 4096, length_bytes: 4096, placement: Placement::default() },
+                Action::Flush => Request { arrival_ns: 0, op: Op::Flush, offset_bytes: 0, length_bytes: 0, placement: Placement::default() },
             };
             let done = ftl.submit(&request, now).unwrap();
             prop_assert!(done >= now);
             now += 1000;
             ftl.check_invariants();
+            ftl.check_isolation(|lpn| handle_of[&u64::from(lpn.get())]);
             for lpn in 0..logical {
                 let holds = ftl.lookup(Lpn::new(lpn as u32)).is_some() || ftl.is_buffered(Lpn::new(lpn as u32));
                 prop_assert_eq!(holds, oracle.contains(&lpn), "lpn {}", lpn);
@@ -130,6 +171,7 @@ proptest! {
         }
         ftl.flush(now);
         ftl.check_invariants();
+        ftl.check_isolation(|lpn| handle_of[&u64::from(lpn.get())]);
         let (free, open, used, victim) = ftl.blocks().state_counts();
         prop_assert_eq!(free + open + used + victim, geometry.superblocks);
         prop_assert_eq!(victim, 0);

@@ -477,7 +477,7 @@ mod tests {
             op: Op::Write,
             offset_bytes: 8192,
             length_bytes: 4096,
-            stream: 0,
+            placement: ftlab_core::request::Placement::default(),
         };
         let trim = Request {
             op: Op::Trim,
