@@ -403,6 +403,11 @@ pub struct WorkloadConfig {
     /// A trace file to replay instead of a generator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// A file giving LBA ranges their placement IDs (`START, END, PID` lines, as fio's
+    /// `dp_scheme`): every write takes the PID of the range its offset lies in, whatever the
+    /// trace or generator said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_ranges: Option<String>,
     /// msr | nbdkit | disksim | blkparse | fio; guessed from the content when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<TraceFormat>,

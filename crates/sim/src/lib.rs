@@ -4,6 +4,7 @@
 //! ([`sim`]) and the [`Report`] it writes.
 
 pub mod device;
+pub mod placement;
 pub mod report;
 pub mod sim;
 pub mod trace;

@@ -4,6 +4,7 @@
 //! Does not know: flash internals beyond the FTL's public counters.
 
 use crate::device::{ConfiguredFtl, FtlVisitor};
+use crate::placement::PlacementRanges;
 use crate::report::{PowerCutInfo, Recorder, Report, TraceInfo};
 use crate::trace::{TraceError, TraceReader};
 use crate::workload::Generator;
@@ -45,7 +46,7 @@ pub struct Progress<'a> {
 
 const PROGRESS_EVERY: u64 = 1 << 16;
 
-enum Source {
+enum Requests {
     Generator {
         generator: Generator,
         remaining: u64,
@@ -53,11 +54,18 @@ enum Source {
     Trace(Box<TraceReader>),
 }
 
+/// Where the measured requests come from, and the placement ranges that override their
+/// placement IDs.
+struct Source {
+    requests: Requests,
+    ranges: Option<PlacementRanges>,
+}
+
 impl Source {
     #[inline]
     fn next(&mut self) -> Result<Option<Request>, SimError> {
-        match self {
-            Source::Generator {
+        let mut request = match &mut self.requests {
+            Requests::Generator {
                 generator,
                 remaining,
             } => {
@@ -65,16 +73,23 @@ impl Source {
                     return Ok(None);
                 }
                 *remaining -= 1;
-                Ok(Some(generator.next_request()))
+                generator.next_request()
             }
-            Source::Trace(reader) => Ok(reader.next_request()?),
+            Requests::Trace(reader) => match reader.next_request()? {
+                Some(r) => r,
+                None => return Ok(None),
+            },
+        };
+        if let Some(ranges) = &self.ranges {
+            ranges.apply(&mut request);
         }
+        Ok(Some(request))
     }
 
     fn location(&self) -> String {
-        match self {
-            Source::Generator { .. } => "generator".into(),
-            Source::Trace(r) => format!("{}:{}", r.path().display(), r.line_number()),
+        match &self.requests {
+            Requests::Generator { .. } => "generator".into(),
+            Requests::Trace(r) => format!("{}:{}", r.path().display(), r.line_number()),
         }
     }
 }
@@ -86,7 +101,44 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report
     // its keys, not an abort on a failed allocation.
     ftlab_core::memory::MemoryEstimate::of(config, &geometry)
         .check(ftlab_core::memory::available().as_ref())?;
-    ConfiguredFtl::new(config, &geometry).visit(Simulate { config, progress })
+    // Ideal placement knows each page's lifetime: a first pass records the writes.
+    let lifetimes = match config.fdp.placement {
+        ftlab_core::config::PlacementPolicy::Ideal => {
+            Some(ConfiguredFtl::new(config, &geometry).visit(RecordWrites { config, progress })?)
+        }
+        _ => None,
+    };
+    ConfiguredFtl::new(config, &geometry).visit(Simulate {
+        config,
+        progress,
+        lifetimes,
+    })
+}
+
+/// The first pass of ideal placement: the run, for its write log's lifetimes.
+struct RecordWrites<'a, 'p> {
+    config: &'a Config,
+    progress: &'p mut dyn FnMut(Progress),
+}
+
+impl FtlVisitor for RecordWrites<'_, '_> {
+    type Output = Result<Vec<u64>, SimError>;
+    fn visit<M: MappingTable>(self, mut ftl: Ftl<M>) -> Self::Output {
+        ftl.record_writes();
+        let progress = self.progress;
+        let mut first_pass = |p: Progress| {
+            progress(Progress {
+                phase: "ideal placement, first pass: lifetimes",
+                ..p
+            })
+        };
+        run_on(self.config, &mut ftl, &mut first_pass)?;
+        let logical = ftl.geometry().logical_pages;
+        Ok(ftlab_core::ftl::lifetimes_from_log(
+            &ftl.take_write_log(),
+            logical,
+        ))
+    }
 }
 
 /// Issues `count` requests from `next` with `queue_depth` outstanding, starting at `start_ns`;
@@ -186,11 +238,16 @@ fn precondition<M: MappingTable>(
 struct Simulate<'a, 'p> {
     config: &'a Config,
     progress: &'p mut dyn FnMut(Progress),
+    /// Ideal placement's lifetimes, from the first pass.
+    lifetimes: Option<Vec<u64>>,
 }
 
 impl FtlVisitor for Simulate<'_, '_> {
     type Output = Result<Report, SimError>;
-    fn visit<M: MappingTable>(self, ftl: Ftl<M>) -> Self::Output {
+    fn visit<M: MappingTable>(self, mut ftl: Ftl<M>) -> Self::Output {
+        if let Some(lifetimes) = self.lifetimes {
+            ftl.use_lifetimes(lifetimes);
+        }
         run_with(self.config, ftl, self.progress)
     }
 }
@@ -202,6 +259,14 @@ pub fn run_with<M: MappingTable>(
     mut ftl: Ftl<M>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Report, SimError> {
+    run_on(config, &mut ftl, progress)
+}
+
+fn run_on<M: MappingTable>(
+    config: &Config,
+    ftl: &mut Ftl<M>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Report, SimError> {
     let geometry = ftl.geometry().clone();
     let w = &config.workload;
     if w.power_cut_at_ns.is_some() {
@@ -210,15 +275,19 @@ pub fn run_with<M: MappingTable>(
     }
     let mut start_ns = 0;
     if w.precondition {
-        start_ns = precondition(&mut ftl, config, progress);
+        start_ns = precondition(ftl, config, progress);
     }
     ftl.reset_stats();
 
-    let (mut source, total, open_loop) = match &w.trace {
+    let ranges = match &w.placement_ranges {
+        Some(path) => Some(PlacementRanges::load(Path::new(path))?),
+        None => None,
+    };
+    let (requests, total, open_loop) = match &w.trace {
         Some(path) => {
             let reader = TraceReader::open(Path::new(path), w.format, w.skip_bad_lines)?;
             (
-                Source::Trace(Box::new(reader)),
+                Requests::Trace(Box::new(reader)),
                 None,
                 w.replay == ftlab_core::config::Replay::Open,
             )
@@ -234,7 +303,7 @@ pub fn run_with<M: MappingTable>(
                 (None, None) => 1_000_000,
             };
             (
-                Source::Generator {
+                Requests::Generator {
                     generator,
                     remaining: requests,
                 },
@@ -243,6 +312,7 @@ pub fn run_with<M: MappingTable>(
             )
         }
     };
+    let mut source = Source { requests, ranges };
 
     let mut recorder = Recorder::new(config.report.series_interval_ns, start_ns);
     let mut outstanding: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
@@ -271,7 +341,7 @@ pub fn run_with<M: MappingTable>(
         if cut_ns.is_some_and(|cut| arrival_ns >= cut) {
             break;
         }
-        recorder.advance(arrival_ns, &ftl);
+        recorder.advance(arrival_ns, ftl);
         let end = request.offset_bytes.saturating_add(request.length_bytes);
         let completion_ns = if request.op != Op::Flush && end > capacity && w.wrap {
             // Fold every page into the device: the request is cut where it crosses the end, and one
@@ -287,13 +357,13 @@ pub fn run_with<M: MappingTable>(
                     length_bytes: length,
                     ..request
                 };
-                done_ns = done_ns.max(submit(&mut ftl, &piece, arrival_ns, &source)?);
+                done_ns = done_ns.max(submit(ftl, &piece, arrival_ns, &source)?);
                 offset += length;
                 remaining -= length;
             }
             done_ns
         } else {
-            submit(&mut ftl, &request, arrival_ns, &source)?
+            submit(ftl, &request, arrival_ns, &source)?
         };
         if !open_loop {
             *outstanding.peek_mut().expect("queue depth >= 1") = Reverse(completion_ns);
@@ -319,7 +389,7 @@ pub fn run_with<M: MappingTable>(
             let c = ftl.power_cut(from_ns);
             end_ns = end_ns.max(c.done_ns);
             Some(PowerCutInfo::check(
-                &ftl,
+                ftl,
                 cut - start_ns,
                 c.done_ns - from_ns,
                 c,
@@ -331,25 +401,17 @@ pub fn run_with<M: MappingTable>(
         }
     };
     let wall_seconds = wall.elapsed().as_secs_f64();
-    recorder.finish(end_ns, &ftl);
-    let trace = match &source {
-        Source::Trace(r) => Some(TraceInfo {
+    recorder.finish(end_ns, ftl);
+    let trace = match &source.requests {
+        Requests::Trace(r) => Some(TraceInfo {
             path: r.path().display().to_string(),
             format: r.format().name().to_string(),
             requests: r.requests,
             bad_lines_skipped: r.bad_lines(),
         }),
-        Source::Generator { .. } => None,
+        Requests::Generator { .. } => None,
     };
-    let mut report = Report::build(
-        config,
-        &mut ftl,
-        recorder,
-        start_ns,
-        end_ns,
-        trace,
-        wall_seconds,
-    );
+    let mut report = Report::build(config, ftl, recorder, start_ns, end_ns, trace, wall_seconds);
     report.power_cut = power_cut;
     Ok(report)
 }

@@ -101,7 +101,8 @@ fn assert_documented(object: &Value, section: &str, what: &str, elsewhere: &[&st
 }
 
 /// Values for documented keys that no preset prints (the alternatives, and the trace's own).
-const NOT_IN_PRESETS: [(&str, &str); 6] = [
+const NOT_IN_PRESETS: [(&str, &str); 7] = [
+    ("workload.placement_ranges", "\"ranges.csv\""),
     ("capacity.over_provisioning", "0.25"),
     ("capacity.spare_factor", "0.2"),
     ("workload.overwrites", "1.0"),

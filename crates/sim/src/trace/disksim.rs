@@ -1,8 +1,9 @@
 //! DiskSim/MQSim/SSDSim ASCII: `arrival_ns device lba_sectors size_sectors type`, whitespace
 //! separated, type 1 = read and 0 = write (MQSim's ASCIITraceReadCode/WriteCode). The arrival
-//! time is nanoseconds as MQSim uses it; a fractional part is ignored.
+//! time is nanoseconds as MQSim uses it; a fractional part is ignored. An optional sixth field is
+//! the write's FDP placement ID (`H` or `G:H`; ftlab's extension).
 
-use super::{clip, dec, sectors, FieldError};
+use super::{clip, dec, parse_pid, sectors, FieldError};
 use ftlab_core::request::{Op, Request};
 
 pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
@@ -33,18 +34,21 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
             ))
         }
     };
+    let placement = tokens.next().map(|p| parse_pid(p, "pid")).transpose()?;
     if let Some(extra) = tokens.next() {
         return Err(FieldError::new(
             "line",
-            format!("unexpected sixth field `{}`", clip(extra)),
+            format!("unexpected seventh field `{}`", clip(extra)),
         ));
     }
-    Ok(Some(Request::new(
+    let mut request = Request::new(
         arrival_ns,
         op,
         sectors(lba, "lba_sectors")?,
         sectors(size, "size_sectors")?,
-    )))
+    );
+    request.placement = placement.unwrap_or_default();
+    Ok(Some(request))
 }
 
 #[cfg(test)]
@@ -63,5 +67,9 @@ mod tests {
         assert_eq!(parse("5 0 x 8 0").unwrap_err().field, "lba_sectors");
         assert_eq!(parse("5 0 0").unwrap_err().field, "size_sectors");
         assert_eq!(parse("   ").unwrap(), None);
+        let r = parse("5 0 0 8 0 2").unwrap().unwrap();
+        assert_eq!(r.placement, ftlab_core::request::Placement::handle(2));
+        assert_eq!(parse("5 0 0 8 0 300").unwrap_err().field, "pid");
+        assert_eq!(parse("5 0 0 8 0 1 9").unwrap_err().field, "line");
     }
 }

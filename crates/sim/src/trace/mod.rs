@@ -10,7 +10,7 @@ mod fio;
 mod msr;
 pub mod nbdkit;
 
-use ftlab_core::request::{Op, Request};
+use ftlab_core::request::{Op, Placement, Request};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -98,12 +98,20 @@ impl RecordFormat {
                 id,
                 request.offset_bytes,
                 request.length_bytes,
+                (request.op == Op::Write && request.placement != Placement::default())
+                    .then_some(request.placement),
             )),
+            // A write with a placement gets the optional eighth column.
             Self::Msr if matches!(request.op, Op::Read | Op::Write) => Some(format!(
-                "{},ftlab,0,{verb},{},{},0",
+                "{},ftlab,0,{verb},{},{},0{}",
                 FILETIME_UNIX_EPOCH_TICKS + unix_ns / 100,
                 request.offset_bytes,
-                request.length_bytes
+                request.length_bytes,
+                if request.op == Op::Write && request.placement != Placement::default() {
+                    format!(",{}", format_pid(request.placement))
+                } else {
+                    String::new()
+                }
             )),
             Self::Msr => None,
         }
@@ -153,14 +161,16 @@ pub fn guess_format(lines: &[&str]) -> Option<TraceFormat> {
             return Some(TraceFormat::Nbdkit);
         }
         let commas: Vec<&str> = line.split(',').collect();
-        if commas.len() == 7 && msr::parse(line).is_ok() {
+        // Seven fields, or eight with a placement ID.
+        if (commas.len() == 7 || commas.len() == 8) && msr::parse(line).is_ok() {
             return Some(TraceFormat::Msr);
         }
         let tokens: Vec<&str> = line.split_whitespace().collect();
         if tokens.len() >= 6 && blkparse::is_device(tokens[0]) {
             return Some(TraceFormat::Blkparse);
         }
-        if tokens.len() == 5 && disksim::parse(line).is_ok() {
+        // Five fields, or six with a placement ID.
+        if (tokens.len() == 5 || tokens.len() == 6) && disksim::parse(line).is_ok() {
             return Some(TraceFormat::Disksim);
         }
         if line.starts_with('#') {
@@ -424,6 +434,38 @@ pub(crate) fn seconds_to_ns(s: &str, field: &'static str) -> Result<u64, FieldEr
         .checked_mul(1_000_000_000)
         .and_then(|w| w.checked_add(frac_ns))
         .ok_or_else(bad)
+}
+
+/// A placement ID as trace columns and range files write it: `H` (placement handle H in
+/// reclaim group 0) or `G:H` (reclaim group G, handle H), each 0..=255.
+pub fn parse_pid(s: &str, field: &'static str) -> Result<Placement, FieldError> {
+    let s = s.trim();
+    let bad = || {
+        FieldError::new(
+            field,
+            format!(
+                "`{}` is not a placement ID (HANDLE or GROUP:HANDLE, each 0..=255)",
+                clip(s)
+            ),
+        )
+    };
+    let (group, handle) = match s.split_once(':') {
+        Some((g, h)) => (g, h),
+        None => ("0", s),
+    };
+    Ok(Placement {
+        reclaim_group: group.parse().map_err(|_| bad())?,
+        handle: handle.parse().map_err(|_| bad())?,
+    })
+}
+
+/// A placement ID as the trace formats write it (the inverse of [`parse_pid`]).
+pub fn format_pid(p: Placement) -> String {
+    if p.reclaim_group == 0 {
+        p.handle.to_string()
+    } else {
+        format!("{}:{}", p.reclaim_group, p.handle)
+    }
 }
 
 pub(crate) fn clip(s: &str) -> String {

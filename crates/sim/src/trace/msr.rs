@@ -1,8 +1,9 @@
 //! MSR Cambridge CSV: `Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime`, Timestamp in
 //! Windows FILETIME ticks (100 ns), Offset and Size in bytes, Type `Read` or `Write`. A header row
-//! (as some public copies have) is skipped.
+//! (as some public copies have) is skipped. An optional eighth field is the write's FDP placement
+//! ID (`H` or `G:H`; ftlab's extension, empty = none).
 
-use super::{clip, dec, FieldError};
+use super::{clip, dec, parse_pid, FieldError};
 use ftlab_core::request::{Op, Request};
 
 pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
@@ -36,7 +37,11 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
     let arrival_ns = ticks
         .checked_mul(100)
         .ok_or_else(|| FieldError::new("Timestamp", "overflows 64-bit nanoseconds"))?;
-    Ok(Some(Request::new(arrival_ns, op, offset, size)))
+    let mut request = Request::new(arrival_ns, op, offset, size);
+    if let Some(pid) = fields.next().filter(|f| !f.trim().is_empty()) {
+        request.placement = parse_pid(pid, "PlacementID")?;
+    }
+    Ok(Some(request))
 }
 
 #[cfg(test)]
@@ -63,5 +68,19 @@ mod tests {
         assert_eq!(parse("1,h,0,Erase,0,4096,1").unwrap_err().field, "Type");
         assert_eq!(parse("1,h,0,Read,-5,4096,1").unwrap_err().field, "Offset");
         assert_eq!(parse("1,h,0,Read,0").unwrap_err().field, "Size");
+        assert_eq!(
+            parse("1,h,0,Write,0,4096,1,x").unwrap_err().field,
+            "PlacementID"
+        );
+    }
+
+    #[test]
+    fn an_eighth_field_is_the_placement_id() {
+        let r = parse("1,h,0,Write,0,4096,1,3").unwrap().unwrap();
+        assert_eq!(r.placement, ftlab_core::request::Placement::handle(3));
+        let r = parse("1,h,0,Write,0,4096,1,1:2").unwrap().unwrap();
+        assert_eq!((r.placement.reclaim_group, r.placement.handle), (1, 2));
+        let r = parse("1,h,0,Write,0,4096,1,").unwrap().unwrap();
+        assert_eq!(r.placement, Default::default());
     }
 }

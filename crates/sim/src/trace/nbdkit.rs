@@ -2,9 +2,10 @@
 //! `DATE TIME connection=N Read|Write|Trim|Zero|Flush id=K offset=0xHEX count=0xHEX ...`; its
 //! completion (`...Write id=K return=0`), connection events and other verbs (Extents, Cache) carry
 //! no I/O and are skipped. Zero is replayed as a trim (deallocate), as SSDs serve Write Zeroes.
-//! DATE TIME is wall-clock UTC with microseconds.
+//! DATE TIME is wall-clock UTC with microseconds. ftlab's own lines may add `pid=H` or
+//! `pid=G:H` to a write: its FDP placement ID (nbdkit never writes it).
 
-use super::{clip, hex, FieldError};
+use super::{clip, hex, parse_pid, FieldError};
 use ftlab_core::request::{Op, Request};
 
 pub fn looks_like(line: &str) -> bool {
@@ -45,11 +46,14 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
     let arrival_ns = wall_clock_ns(date, time)?;
     let mut offset = None;
     let mut count = None;
+    let mut placement = None;
     for t in tokens {
         if let Some(v) = t.strip_prefix("offset=") {
             offset = Some(hex(v, "offset")?);
         } else if let Some(v) = t.strip_prefix("count=") {
             count = Some(hex(v, "count")?);
+        } else if let Some(v) = t.strip_prefix("pid=") {
+            placement = Some(parse_pid(v, "pid")?);
         }
     }
     let (offset_bytes, length_bytes) = if op == Op::Flush {
@@ -60,12 +64,9 @@ pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
             count.ok_or_else(|| FieldError::new("count", "missing"))?,
         )
     };
-    Ok(Some(Request::new(
-        arrival_ns,
-        op,
-        offset_bytes,
-        length_bytes,
-    )))
+    let mut request = Request::new(arrival_ns, op, offset_bytes, length_bytes);
+    request.placement = placement.unwrap_or_default();
+    Ok(Some(request))
 }
 
 /// "2026-11-21" "23:01:34.086555" to nanoseconds since the Unix epoch (UTC).
@@ -141,6 +142,7 @@ pub fn format_line(
     id: u64,
     offset: u64,
     count: u64,
+    placement: Option<ftlab_core::request::Placement>,
 ) -> String {
     let secs = unix_ns / 1_000_000_000;
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
@@ -154,6 +156,9 @@ pub fn format_line(
     );
     if verb == "Flush" {
         format!("{head} ...")
+    } else if let Some(p) = placement {
+        let pid = super::format_pid(p);
+        format!("{head} offset={offset:#x} count={count:#x} pid={pid} ...")
     } else {
         format!("{head} offset={offset:#x} count={count:#x} ...")
     }
@@ -217,12 +222,21 @@ mod tests {
     #[test]
     fn formatted_lines_parse_back() {
         let ns = 1_795_000_000_123_456_000;
-        let line = format_line(ns, 1, "Write", 9, 0x2000, 0x1000);
+        let line = format_line(ns, 1, "Write", 9, 0x2000, 0x1000, None);
         let r = parse(&line).unwrap().unwrap();
         assert_eq!(
             (r.op, r.offset_bytes, r.length_bytes, r.arrival_ns),
             (Op::Write, 0x2000, 0x1000, ns)
         );
+        let placed = ftlab_core::request::Placement {
+            reclaim_group: 1,
+            handle: 4,
+        };
+        let line = format_line(ns, 1, "Write", 9, 0x2000, 0x1000, Some(placed));
+        assert!(line.contains(" pid=1:4 "), "{line}");
+        assert_eq!(parse(&line).unwrap().unwrap().placement, placed);
+        let bad = line.replace("pid=1:4", "pid=4:x");
+        assert_eq!(parse(&bad).unwrap_err().field, "pid");
         for z in [-1000, 0, 11_017, 20_778, 100_000] {
             let (y, m, d) = civil_from_days(z);
             assert_eq!(days_from_civil(y, m.into(), d.into()), z);
