@@ -238,6 +238,7 @@ pub enum GeneratorKind {
     Zipf,
     HotCold,
     Jesd219,
+    Lsm,
 }
 
 impl GeneratorKind {
@@ -248,9 +249,10 @@ impl GeneratorKind {
             "zipf" => Self::Zipf,
             "hotcold" => Self::HotCold,
             "jesd219" => Self::Jesd219,
+            "lsm" => Self::Lsm,
             other => {
                 return Err(format!(
-                    "unknown workload `{other}` (sequential, uniform, zipf, hotcold, jesd219)"
+                    "unknown workload `{other}` (sequential, uniform, zipf, hotcold, jesd219, lsm)"
                 ))
             }
         })
@@ -384,6 +386,24 @@ pub struct WorkloadConfig {
     /// hotcold only: hot-region writes go to stream 1, cold to stream 0 (needs ftl.streams >= 2).
     #[serde(default)]
     pub stream_by_temperature: bool,
+    /// lsm: the bytes of unique keys (the last level's size); 0 = 40 % of the span.
+    #[serde(default)]
+    pub lsm_key_space_bytes: u64,
+    /// lsm: the memtable, and so the WAL and each flushed L0 SST.
+    #[serde(default = "sixteen_mib")]
+    pub lsm_memtable_bytes: u64,
+    /// lsm: L0 files that trigger an L0 -> Lbase compaction.
+    #[serde(default = "four_u32")]
+    pub lsm_l0_files: u32,
+    /// lsm: each level's target is this many times the one above.
+    #[serde(default = "ten_u32")]
+    pub lsm_fanout: u32,
+    /// lsm: the largest SST a compaction writes.
+    #[serde(default = "sixteen_mib")]
+    pub lsm_sst_bytes: u64,
+    /// lsm: writes tagged with the seed's tiers as placement handles, or all with handle 0.
+    #[serde(default)]
+    pub lsm_placement: LsmPlacement,
     /// Bytes of the logical space the generator touches; 0 = all of it.
     #[serde(default)]
     pub span_bytes: u64,
@@ -427,6 +447,18 @@ pub struct WorkloadConfig {
     /// durable state is checked against the table (the report's `power_cut`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_cut_at_ns: Option<u64>,
+}
+
+/// How the LSM generator tags its writes (`workload.lsm_placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LsmPlacement {
+    /// By tier, as the seed's FDP benchmark: 0 WAL, 1 flush, 2 L0 -> Lbase, 3 into a middle
+    /// level, 4 into the last (capped at the device's last handle).
+    #[default]
+    Tiers,
+    /// All on handle 0 (the one-PID baseline).
+    One,
 }
 
 impl WorkloadConfig {
@@ -477,6 +509,12 @@ pub const DEFAULT_LEARNED_BUFFER_DIVISOR: u64 = 16;
 
 fn learned_buffer_divisor() -> u64 {
     DEFAULT_LEARNED_BUFFER_DIVISOR
+}
+fn sixteen_mib() -> u64 {
+    16 << 20
+}
+fn ten_u32() -> u32 {
+    10
 }
 fn four_kib() -> u64 {
     4096

@@ -128,6 +128,14 @@ struct SimArgs {
     /// Write the time series as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// Write every measured request (a generator's, the LSM's, or a trace's) as a trace, for
+    /// replay here or in another simulator; times start at 2026-01-01 00:00 UTC.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Format of --record: nbdkit (everything, placement IDs as pid=) or msr (reads and
+    /// writes only, placement IDs as an eighth field).
+    #[arg(long, default_value = "nbdkit", value_parser = ftlab_sim::trace::RecordFormat::parse)]
+    record_format: ftlab_sim::trace::RecordFormat,
     /// No summary on stdout, no progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -275,10 +283,30 @@ fn run_sim(args: SimArgs) -> Result<()> {
     let config = build_config(&args.config, &defaults, &extra)?;
     let json = output::Output::open_some(args.json.as_deref(), "the JSON report")?;
     let csv = output::Output::open_some(args.csv.as_deref(), "the CSV series")?;
+    let mut record = output::Output::open_some(args.record.as_deref(), "the record")?;
     let mut view = ProgressView::new(!args.quiet);
-    let report = sim::run(&config, &mut |p| view.update(p));
+    let mut record_error = None;
+    let mut id = 0u64;
+    let report = sim::run_observed(&config, &mut |p| view.update(p), &mut |r, arrival_ns| {
+        let (Some(out), None) = (record.as_mut(), &record_error) else {
+            return;
+        };
+        id += 1;
+        if let Some(mut line) = args.record_format.line(r, RECORD_EPOCH_NS + arrival_ns, id) {
+            line.push('\n');
+            if let Err(e) = out.append(line.as_bytes()) {
+                record_error = Some(e);
+            }
+        }
+    });
     view.finish();
     let report = report?;
+    if let Some(e) = record_error {
+        return Err(e);
+    }
+    if let Some(out) = record {
+        out.write(&[])?;
+    }
     if let Some(out) = json {
         out.write(report.to_json().as_bytes())?;
     }
@@ -290,6 +318,9 @@ fn run_sim(args: SimArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `sim --record`'s clock starts at 2026-01-01 00:00:00 UTC, so a record is the same every run.
+const RECORD_EPOCH_NS: u64 = 1_767_225_600_000_000_000;
 
 /// A TOML string literal for a path given on the command line.
 fn toml_string(s: &str) -> String {

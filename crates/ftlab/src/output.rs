@@ -18,6 +18,8 @@ pub struct Output {
     /// `PATH.tmp`, created by this run, renamed over `path` once written (None for a path that
     /// is not a regular file, written in place).
     tmp: Option<PathBuf>,
+    /// Appended bytes not yet written.
+    pending: Vec<u8>,
 }
 
 impl Output {
@@ -38,6 +40,7 @@ impl Output {
                         path: path.to_path_buf(),
                         file,
                         tmp: None,
+                        pending: Vec::new(),
                     });
                 }
                 permissions = Some(m.permissions());
@@ -54,6 +57,7 @@ impl Output {
             path,
             file,
             tmp: Some(tmp),
+            pending: Vec::new(),
         };
         if let (Some(p), Some(tmp)) = (permissions, &output.tmp) {
             std::fs::set_permissions(tmp, p).with_context(cannot)?;
@@ -66,8 +70,27 @@ impl Output {
         path.map(|p| Output::open(p, what)).transpose()
     }
 
-    /// Makes `bytes` the file's contents.
+    /// Adds `bytes` to the contents being written (a stream, as `--record` writes one);
+    /// [`write`](Self::write) then adds the last and makes them the file's.
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= 1 << 20 {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        let written = self.tmp.as_ref().unwrap_or(&self.path);
+        let context = || format!("writing {}", written.display());
+        self.file.write_all(&self.pending).with_context(context)?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Makes what was appended, then `bytes`, the file's contents.
     pub fn write(mut self, bytes: &[u8]) -> Result<()> {
+        self.drain()?;
         let written = self.tmp.as_ref().unwrap_or(&self.path);
         let context = || format!("writing {}", written.display());
         self.file.write_all(bytes).with_context(context)?;

@@ -4,6 +4,7 @@
 //! ([`sim`]) and the [`Report`] it writes.
 
 pub mod device;
+pub mod lsm;
 pub mod placement;
 pub mod report;
 pub mod sim;

@@ -50,6 +50,8 @@ enum Requests {
     Generator {
         generator: Generator,
         remaining: u64,
+        /// With an LSM and `workload.overwrites`: the bytes still to write.
+        write_bytes_left: Option<u64>,
     },
     Trace(Box<TraceReader>),
 }
@@ -68,12 +70,17 @@ impl Source {
             Requests::Generator {
                 generator,
                 remaining,
+                write_bytes_left,
             } => {
-                if *remaining == 0 {
+                if *remaining == 0 || *write_bytes_left == Some(0) {
                     return Ok(None);
                 }
                 *remaining -= 1;
-                generator.next_request()
+                let r = generator.next_request();
+                if let (Some(left), Op::Write) = (write_bytes_left.as_mut(), r.op) {
+                    *left = left.saturating_sub(r.length_bytes);
+                }
+                r
             }
             Requests::Trace(reader) => match reader.next_request()? {
                 Some(r) => r,
@@ -96,6 +103,16 @@ impl Source {
 
 /// Runs the configured simulation and returns its report.
 pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report, SimError> {
+    run_observed(config, progress, &mut |_, _| {})
+}
+
+/// [`run`], showing `observe` each measured request as it is submitted, with its arrival time
+/// (simulated ns since the measured phase began): what `ftlab sim --record` writes.
+pub fn run_observed(
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    observe: &mut dyn FnMut(&Request, u64),
+) -> Result<Report, SimError> {
     let geometry = config.geometry()?;
     // Before the first table is allocated: a device too large for the host is an error naming
     // its keys, not an abort on a failed allocation.
@@ -112,6 +129,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress)) -> Result<Report
         config,
         progress,
         lifetimes,
+        observe,
     })
 }
 
@@ -132,7 +150,7 @@ impl FtlVisitor for RecordWrites<'_, '_> {
                 ..p
             })
         };
-        run_on(self.config, &mut ftl, &mut first_pass)?;
+        run_on(self.config, &mut ftl, &mut first_pass, &mut |_, _| {})?;
         let logical = ftl.geometry().logical_pages;
         Ok(ftlab_core::ftl::lifetimes_from_log(
             &ftl.take_write_log(),
@@ -240,6 +258,7 @@ struct Simulate<'a, 'p> {
     progress: &'p mut dyn FnMut(Progress),
     /// Ideal placement's lifetimes, from the first pass.
     lifetimes: Option<Vec<u64>>,
+    observe: &'p mut dyn FnMut(&Request, u64),
 }
 
 impl FtlVisitor for Simulate<'_, '_> {
@@ -248,7 +267,7 @@ impl FtlVisitor for Simulate<'_, '_> {
         if let Some(lifetimes) = self.lifetimes {
             ftl.use_lifetimes(lifetimes);
         }
-        run_with(self.config, ftl, self.progress)
+        run_on(self.config, &mut ftl, self.progress, self.observe)
     }
 }
 
@@ -259,13 +278,14 @@ pub fn run_with<M: MappingTable>(
     mut ftl: Ftl<M>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Report, SimError> {
-    run_on(config, &mut ftl, progress)
+    run_on(config, &mut ftl, progress, &mut |_, _| {})
 }
 
 fn run_on<M: MappingTable>(
     config: &Config,
     ftl: &mut Ftl<M>,
     progress: &mut dyn FnMut(Progress),
+    observe: &mut dyn FnMut(&Request, u64),
 ) -> Result<Report, SimError> {
     let geometry = ftl.geometry().clone();
     let w = &config.workload;
@@ -295,19 +315,24 @@ fn run_on<M: MappingTable>(
         None => {
             let generator =
                 Generator::new(w, geometry.logical_bytes()).map_err(SimError::Workload)?;
-            let requests = match (w.requests, w.overwrites) {
-                (Some(r), _) => r,
-                (None, Some(o)) => ((o * geometry.logical_bytes() as f64)
-                    / generator.request_size_bytes() as f64)
-                    .round() as u64,
-                (None, None) => 1_000_000,
+            let overwrite_bytes = |o: f64| (o * geometry.logical_bytes() as f64) as u64;
+            let (requests, write_bytes_left) = match (w.requests, w.overwrites) {
+                (Some(r), _) => (r, None),
+                (None, Some(o)) if generator.counts_bytes() => (u64::MAX, Some(overwrite_bytes(o))),
+                (None, Some(o)) => (
+                    ((o * geometry.logical_bytes() as f64) / generator.request_size_bytes() as f64)
+                        .round() as u64,
+                    None,
+                ),
+                (None, None) => (1_000_000, None),
             };
             (
                 Requests::Generator {
                     generator,
                     remaining: requests,
+                    write_bytes_left,
                 },
-                Some(requests),
+                (requests != u64::MAX).then_some(requests),
                 false,
             )
         }
@@ -342,6 +367,7 @@ fn run_on<M: MappingTable>(
             break;
         }
         recorder.advance(arrival_ns, ftl);
+        observe(&request, arrival_ns - start_ns);
         let end = request.offset_bytes.saturating_add(request.length_bytes);
         let completion_ns = if request.op != Op::Flush && end > capacity && w.wrap {
             // Fold every page into the device: the request is cut where it crosses the end, and one

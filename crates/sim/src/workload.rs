@@ -1,4 +1,5 @@
-//! Synthetic workload generators: sequential, uniform, zipf, hot/cold and JESD219 enterprise.
+//! Synthetic workload generators: sequential, uniform, zipf, hot/cold, JESD219 enterprise, and
+//! an LSM store's files ([`crate::lsm`]).
 //!
 //! Each draws from one [`SplitMix64`] seeded by `workload.seed`, so a seed reproduces a run.
 //! Offsets of page-sized and larger requests are aligned to the request size (as fio's `bs`
@@ -109,6 +110,7 @@ pub struct Generator {
     stream_by_temperature: bool,
     zipf: Option<Zipf>,
     cursor_bytes: u64,
+    lsm: Option<Box<crate::lsm::Lsm>>,
 }
 
 impl Generator {
@@ -136,6 +138,10 @@ impl Generator {
             stream_by_temperature: w.stream_by_temperature,
             zipf: (kind == GeneratorKind::Zipf).then(|| Zipf::new(slots, w.zipf_theta)),
             cursor_bytes: 0,
+            lsm: match kind {
+                GeneratorKind::Lsm => Some(Box::new(crate::lsm::Lsm::new(w, span_bytes)?)),
+                _ => None,
+            },
         })
     }
 
@@ -156,7 +162,19 @@ impl Generator {
             stream_by_temperature: false,
             zipf: None,
             cursor_bytes: 0,
+            lsm: None,
         }
+    }
+
+    /// Whether `workload.overwrites` counts written bytes rather than requests: the LSM's
+    /// requests have no one size.
+    pub fn counts_bytes(&self) -> bool {
+        self.lsm.is_some()
+    }
+
+    /// The LSM's state, when it is one.
+    pub fn lsm(&self) -> Option<&crate::lsm::Lsm> {
+        self.lsm.as_deref()
     }
 
     pub fn request_size_bytes(&self) -> u64 {
@@ -165,6 +183,9 @@ impl Generator {
 
     #[inline]
     pub fn next_request(&mut self) -> Request {
+        if let Some(lsm) = &mut self.lsm {
+            return lsm.next_request();
+        }
         let op = if self.read_fraction > 0.0 && self.rng.unit_f64() < self.read_fraction {
             Op::Read
         } else {
@@ -196,6 +217,7 @@ impl Generator {
                 (slot * size, size)
             }
             GeneratorKind::Jesd219 => self.jesd219(),
+            GeneratorKind::Lsm => unreachable!("the LSM generator answered above"),
         };
         Request {
             arrival_ns: 0,

@@ -192,3 +192,73 @@ fn auto_and_ideal_placement_separate_hot_from_cold() {
     assert!(stdout.contains("r-handles.png"), "{stdout}");
     assert!(dir.path().join("r-handles.png").exists());
 }
+
+/// The LSM workload on a small device: placing its tiers on their own handles writes less
+/// than one handle for all; and its record (`sim --record`, nbdkit format with `pid=`) replays
+/// to the same flash work, placement for placement.
+#[test]
+fn the_lsm_workload_separates_tiers_and_records_a_replayable_trace() {
+    let device = [
+        "flash.blocks_per_die=16",
+        "flash.superblock_dies=8",
+        "capacity.over_provisioning=0.3",
+        "ftl.streams=5",
+        "ftl.gc_thres_pcent=60",
+    ];
+    let lsm = [
+        "workload.kind=lsm",
+        "workload.precondition=false",
+        "workload.overwrites=4",
+        "workload.lsm_key_space_bytes=440401920",
+        "workload.lsm_memtable_bytes=1048576",
+        "workload.lsm_sst_bytes=1048576",
+    ];
+    let dir = temp_dir("fdp-lsm");
+    let (json, record) = (dir.path().join("lsm.json"), dir.path().join("lsm.nbdlog"));
+    let mut args = vec!["sim", "-q", "--json", json.to_str().unwrap()];
+    args.extend(["--record", record.to_str().unwrap()]);
+    for s in device.iter().chain(&lsm) {
+        args.extend(["--set", s]);
+    }
+    let (ok, _, stderr) = ftlab(&args);
+    assert!(ok, "{stderr}");
+    let tiers = read_json(&json);
+    let one = run(&config(
+        "femu",
+        &[&device[..], &lsm[..], &["workload.lsm_placement=\"one\""]].concat(),
+    ));
+    let tiers_waf = tiers["waf"].as_f64().unwrap();
+    assert!(
+        tiers_waf < one.waf.unwrap(),
+        "tiers {tiers_waf}, one handle {}",
+        one.waf.unwrap()
+    );
+    // Every tier wrote on its handle.
+    let placements = tiers["fdp"]["placements"].as_array().unwrap();
+    for h in 0..5 {
+        assert!(
+            placements[h]["host_pages"].as_u64().unwrap() > 0,
+            "{placements:?}"
+        );
+    }
+
+    let replay = run(&config(
+        "femu",
+        &[
+            &device[..],
+            &[&format!("workload.trace=\"{}\"", record.display())],
+        ]
+        .concat(),
+    ));
+    assert_eq!(
+        replay.host_write_pages,
+        tiers["host_write_pages"].as_u64().unwrap()
+    );
+    assert_eq!(
+        replay.nand_write_pages,
+        tiers["nand_write_pages"].as_u64().unwrap()
+    );
+    for (p, q) in replay.fdp.placements.iter().zip(placements) {
+        assert_eq!(p.host_pages, q["host_pages"].as_u64().unwrap());
+    }
+}
