@@ -53,10 +53,10 @@ enum Placer {
     Auto {
         last_write: Vec<u32>,
     },
-    /// Per host page write, in order, its data's lifetime in host page writes (u64::MAX: never
-    /// overwritten), and how many have been placed.
+    /// Per host page write, in order, the handle its lifetime puts it in
+    /// ([`ideal_handles`]), and how many have been placed.
     Ideal {
-        lifetimes: Vec<u64>,
+        handles: Vec<u8>,
         next: usize,
     },
     /// The host's placement, recording each host page write's LPN and each trimmed LPN
@@ -91,6 +91,29 @@ pub fn lifetimes_from_log(log: &[u64], logical_pages: u64) -> Vec<u64> {
         }
     }
     lifetimes
+}
+
+/// Ideal placement's handle for each write: the lifetimes split into `handles` bins of equal
+/// numbers of writes (quantiles; ties kept together), the shortest-lived in handle 0, data never
+/// overwritten in the last bin it reaches. Bins by the run's own distribution, so that every
+/// handle separates something whatever the workload's time scale.
+pub fn ideal_handles(lifetimes: &[u64], handles: u32) -> Vec<u8> {
+    let mut sorted = lifetimes.to_vec();
+    sorted.sort_unstable();
+    let h = handles.max(1) as usize;
+    // Bin i takes lifetimes below thresholds[i] (and at least the previous one).
+    let thresholds: Vec<u64> = (1..h)
+        .map(|i| {
+            sorted
+                .get(sorted.len() * i / h)
+                .copied()
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
+    lifetimes
+        .iter()
+        .map(|&l| thresholds.iter().filter(|&&t| l >= t).count() as u8)
+        .collect()
 }
 
 const NEVER: u32 = u32::MAX;
@@ -183,9 +206,9 @@ impl<M: MappingTable> Ftl<M> {
             PlacementPolicy::Auto => Placer::Auto {
                 last_write: vec![NEVER; geometry.logical_pages as usize],
             },
-            // The lifetimes come later, from whoever knows the requests (`use_lifetimes`).
+            // The handles come later, from whoever knows the requests (`use_lifetimes`).
             PlacementPolicy::Ideal => Placer::Ideal {
-                lifetimes: Vec::new(),
+                handles: Vec::new(),
                 next: 0,
             },
         };
@@ -290,10 +313,12 @@ impl<M: MappingTable> Ftl<M> {
 
     /// Ideal placement (`fdp.placement = "ideal"`): the lifetime of each host page write to
     /// come, in order, counted in host page writes until the page is next overwritten or
-    /// trimmed (u64::MAX: never). Pages beyond the list go to the coldest handle.
+    /// trimmed (u64::MAX: never), binned by [`ideal_handles`]. Pages beyond the list go to the
+    /// coldest handle.
     pub fn use_lifetimes(&mut self, lifetimes: Vec<u64>) {
-        if let Placer::Ideal { lifetimes: l, next } = &mut self.placer {
-            *l = lifetimes;
+        let placements = ideal_handles(&lifetimes, self.handles);
+        if let Placer::Ideal { handles, next } = &mut self.placer {
+            *handles = placements;
             *next = 0;
         }
     }
@@ -498,10 +523,17 @@ impl<M: MappingTable> Ftl<M> {
                     u64::from((now as u32).wrapping_sub(last))
                 }
             }
-            Placer::Ideal { lifetimes, next } => {
-                let lifetime = lifetimes.get(*next).copied().unwrap_or(u64::MAX);
+            Placer::Ideal { handles, next } => {
+                // Beyond the first pass's writes (a run cut at another time): the coldest.
+                let handle = handles
+                    .get(*next)
+                    .copied()
+                    .unwrap_or((self.handles - 1) as u8);
                 *next += 1;
-                lifetime
+                return Placement {
+                    reclaim_group: asked.reclaim_group,
+                    handle,
+                };
             }
         };
         Placement {
@@ -1547,5 +1579,15 @@ mod fdp_tests {
             ideal_waf < host_waf,
             "ideal {ideal_waf} against host {host_waf}"
         );
+    }
+
+    /// Ideal bins hold equal shares of the writes, shortest lifetimes first; equal lifetimes
+    /// share a bin; never-overwritten data lands in the last.
+    #[test]
+    fn ideal_bins_are_quantiles_of_the_lifetimes() {
+        let lifetimes = [5, 1, 100, u64::MAX, 7, 2, 50, u64::MAX];
+        assert_eq!(ideal_handles(&lifetimes, 4), vec![1, 0, 2, 3, 1, 0, 2, 3]);
+        assert_eq!(ideal_handles(&lifetimes, 1), vec![0; 8]);
+        assert_eq!(ideal_handles(&[3, 3, 3, 3], 2), vec![1; 4]);
     }
 }
