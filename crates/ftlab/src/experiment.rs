@@ -1,10 +1,13 @@
-//! `ftlab experiment hexa`: the Hexa-SSD paper's evaluation grid (../shared/seeds/003) on the
-//! `hexa` preset: protected ratio x write buffer x buffer policy x workload, each point a
-//! simulation of its own, run in parallel, resumable (a point whose report exists is not run
-//! again), gathered into one CSV and drawn as the paper's figure (IOPS; UD/MD/GUD/GMD traffic).
+//! `ftlab experiment NAME`: a paper's evaluation grid, each point a simulation of its own, run in
+//! parallel, resumable (a point whose report exists is not run again), gathered into one CSV and
+//! drawn as the paper's figure.
+//!
+//! `hexa`: the Hexa-SSD paper's grid (../shared/seeds/003) on the `hexa` preset: protected ratio
+//! x write buffer x buffer policy x workload (IOPS; UD/MD/GUD/GMD traffic). `fdp`: the FDP
+//! benchmark's (../shared/seeds/001), in `experiment_fdp`.
 
 use anyhow::{Context, Result};
-use ftlab_core::config::ConfigBuilder;
+use ftlab_core::config::{Config, ConfigBuilder};
 use ftlab_sim::Report;
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
@@ -17,9 +20,140 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct ExperimentArgs {
-    /// The experiment: hexa (the Hexa-SSD evaluation grid).
-    #[arg(value_parser = ["hexa"])]
-    name: String,
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(clap::Subcommand)]
+enum Which {
+    /// The Hexa-SSD evaluation grid: protected ratio x write buffer x FIFO/Hexa x random,
+    /// JESD219, pgbench, into target/experiment-hexa/ (hexa.csv, hexa.png/svg).
+    Hexa(HexaArgs),
+    /// The FDP benchmark: the LSM workload with FDP tiers, one PID, auto placement and ideal
+    /// placement, at GC thresholds 60 % and 75 %, into target/experiment-fdp/ (fdp.csv,
+    /// fdp.png/svg).
+    Fdp(crate::experiment_fdp::FdpArgs),
+}
+
+pub fn run(args: ExperimentArgs) -> Result<()> {
+    match args.which {
+        Which::Hexa(a) => run_hexa(a),
+        Which::Fdp(a) => crate::experiment_fdp::run(a),
+    }
+}
+
+/// One simulation of a grid: its name (the report's file name) and configuration.
+pub struct GridPoint {
+    pub name: String,
+    pub config: Config,
+}
+
+/// Runs every point `jobs` at a time (default: the cores), each unless its report is in `dir`
+/// already, printing one line per point with `describe`; returns the reports in order.
+pub fn run_grid(
+    label: &str,
+    points: &[GridPoint],
+    dir: &Path,
+    jobs: Option<usize>,
+    describe: &(dyn Fn(&Report) -> String + Sync),
+) -> Result<Vec<Report>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let jobs = jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    eprintln!(
+        "ftlab experiment {label}: {} points, {jobs} at a time, reports in {}",
+        points.len(),
+        dir.display()
+    );
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Report>>> = Mutex::new(vec![None; points.len()]);
+    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(points.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= points.len() || failure.lock().unwrap().is_some() {
+                    return;
+                }
+                let point = &points[i];
+                let t = Instant::now();
+                match run_point(point, dir) {
+                    Ok((report, ran)) => {
+                        let n = finished.fetch_add(1, Ordering::Relaxed) + 1;
+                        eprintln!(
+                            "[{n}/{}] {}: {}{}",
+                            points.len(),
+                            point.name,
+                            describe(&report),
+                            if ran {
+                                format!(" ({:.1} s)", t.elapsed().as_secs_f64())
+                            } else {
+                                " (kept from an earlier run)".into()
+                            }
+                        );
+                        results.lock().unwrap()[i] = Some(report);
+                    }
+                    Err(e) => {
+                        failure
+                            .lock()
+                            .unwrap()
+                            .get_or_insert(e.context(point.name.clone()));
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap() {
+        return Err(e);
+    }
+    Ok(results
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every point ran"))
+        .collect())
+}
+
+/// Runs `point` unless its report is in `dir` already (for the same configuration); returns
+/// the report and whether it ran.
+fn run_point(point: &GridPoint, dir: &Path) -> Result<(Report, bool)> {
+    let path = dir.join(format!("{}.json", point.name));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Ok(report) = serde_json::from_str::<Report>(&text) {
+            if report.config == point.config {
+                return Ok((report, false));
+            }
+        }
+    }
+    let report = ftlab_sim::sim::run(&point.config, &mut |_| {})?;
+    // Written whole or not at all, so that a run stopped midway resumes cleanly.
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, report.to_json()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok((report, true))
+}
+
+/// Writes a figure as SVG and PNG beside each other (`stem.svg`, `stem.png`).
+pub fn draw_both(
+    stem: &Path,
+    size: (u32, u32),
+    draw_svg: &dyn Fn(DrawingArea<SVGBackend, Shift>) -> Result<()>,
+    draw_png: &dyn Fn(DrawingArea<BitMapBackend, Shift>) -> Result<()>,
+) -> Result<()> {
+    crate::plot::register_font()?;
+    let svg = stem.with_extension("svg");
+    draw_svg(SVGBackend::new(&svg, size).into_drawing_area())?;
+    eprintln!("wrote {}", svg.display());
+    let png = stem.with_extension("png");
+    draw_png(BitMapBackend::new(&png, size).into_drawing_area())?;
+    eprintln!("wrote {}", png.display());
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct HexaArgs {
     /// Where each point's JSON report, the CSV and the figure go; points already there are kept.
     #[arg(long, default_value = "target/experiment-hexa")]
     out: PathBuf,
@@ -61,7 +195,7 @@ impl Point {
         )
     }
 
-    fn settings(&self, args: &ExperimentArgs) -> Result<Vec<String>> {
+    fn settings(&self, args: &HexaArgs) -> Result<Vec<String>> {
         let mut s = vec![
             format!("ftl.write_buffer_mib={}", self.buffer_mib),
             format!("ftl.buffer_policy={}", self.policy),
@@ -104,7 +238,7 @@ impl Point {
     }
 }
 
-fn grid(args: &ExperimentArgs) -> Vec<Point> {
+fn grid(args: &HexaArgs) -> Vec<Point> {
     let mut points = Vec::new();
     for workload in &args.workloads {
         for &buffer_mib in &args.buffers_mib {
@@ -123,90 +257,34 @@ fn grid(args: &ExperimentArgs) -> Vec<Point> {
     points
 }
 
-/// Runs `point` unless its report is in `dir` already; returns the report.
-fn run_point(point: &Point, args: &ExperimentArgs, dir: &Path) -> Result<(Report, bool)> {
-    let path = dir.join(format!("{}.json", point.name()));
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Ok(report) = serde_json::from_str::<Report>(&text) {
-            return Ok((report, false));
-        }
-    }
-    let mut b = ConfigBuilder::from_preset("hexa")?;
-    for s in point.settings(args)? {
-        b.set(&s)?;
-    }
-    let config = b.build()?;
-    let report = ftlab_sim::sim::run(&config, &mut |_| {})?;
-    // Written whole or not at all, so that a run stopped midway resumes cleanly.
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, report.to_json()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
-    Ok((report, true))
-}
-
-pub fn run(args: ExperimentArgs) -> Result<()> {
-    let dir = args.out.join("points");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let points = grid(&args);
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    eprintln!(
-        "ftlab experiment hexa: {} points, {jobs} at a time, reports in {}",
-        points.len(),
-        dir.display()
-    );
-    let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Report>>> = Mutex::new(vec![None; points.len()]);
-    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+fn run_hexa(args: HexaArgs) -> Result<()> {
     let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.min(points.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= points.len() || failure.lock().unwrap().is_some() {
-                    return;
-                }
-                let point = &points[i];
-                let t = Instant::now();
-                match run_point(point, &args, &dir) {
-                    Ok((report, ran)) => {
-                        let n = finished.fetch_add(1, Ordering::Relaxed) + 1;
-                        eprintln!(
-                            "[{n}/{}] {}: WAF {} IOPS {:.0}{}",
-                            points.len(),
-                            point.name(),
-                            ftlab_sim::report::waf_text(report.waf),
-                            report.iops,
-                            if ran {
-                                format!(" ({:.1} s)", t.elapsed().as_secs_f64())
-                            } else {
-                                " (kept from an earlier run)".into()
-                            }
-                        );
-                        results.lock().unwrap()[i] = Some(report);
-                    }
-                    Err(e) => {
-                        failure
-                            .lock()
-                            .unwrap()
-                            .get_or_insert(e.context(point.name()));
-                    }
-                }
-            });
+    let points = grid(&args);
+    let mut grid_points = Vec::new();
+    for point in &points {
+        let mut b = ConfigBuilder::from_preset("hexa")?;
+        for s in point.settings(&args)? {
+            b.set(&s)?;
         }
-    });
-    if let Some(e) = failure.into_inner().unwrap() {
-        return Err(e);
+        grid_points.push(GridPoint {
+            name: point.name(),
+            config: b.build()?,
+        });
     }
-    let reports: Vec<Report> = results
-        .into_inner()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.expect("every point ran"))
-        .collect();
+    let describe = |r: &Report| {
+        format!(
+            "WAF {} IOPS {:.0}",
+            ftlab_sim::report::waf_text(r.waf),
+            r.iops
+        )
+    };
+    let reports = run_grid(
+        "hexa",
+        &grid_points,
+        &args.out.join("points"),
+        args.jobs,
+        &describe,
+    )?;
     let csv = args.out.join("hexa.csv");
     std::fs::write(&csv, table(&points, &reports))
         .with_context(|| format!("writing {}", csv.display()))?;
@@ -215,27 +293,12 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
         csv.display(),
         started.elapsed().as_secs_f64()
     );
-    crate::plot::register_font()?;
-    for ext in ["svg", "png"] {
-        let path = args.out.join(format!("hexa.{ext}"));
-        let size = (1500, 900);
-        match ext {
-            "svg" => draw(
-                SVGBackend::new(&path, size).into_drawing_area(),
-                &args,
-                &points,
-                &reports,
-            )?,
-            _ => draw(
-                BitMapBackend::new(&path, size).into_drawing_area(),
-                &args,
-                &points,
-                &reports,
-            )?,
-        }
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
+    draw_both(
+        &args.out.join("hexa"),
+        (1500, 900),
+        &|area| draw(area, &args, &points, &reports),
+        &|area| draw(area, &args, &points, &reports),
+    )
 }
 
 /// The CSV: one row per point.
@@ -277,7 +340,7 @@ fn table(points: &[Point], reports: &[Report]) -> String {
 /// Hexa side by side at each ratio, largest buffer).
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
-    args: &ExperimentArgs,
+    args: &HexaArgs,
     points: &[Point],
     reports: &[Report],
 ) -> Result<()> {

@@ -14,6 +14,7 @@ mod bench;
 mod bench_serve;
 mod bench_store;
 mod experiment;
+mod experiment_fdp;
 mod mapbench_cmd;
 mod output;
 mod plot;

@@ -262,3 +262,48 @@ fn the_lsm_workload_separates_tiers_and_records_a_replayable_trace() {
         assert_eq!(p.host_pages, q["host_pages"].as_u64().unwrap());
     }
 }
+
+/// `ftlab experiment fdp` on a small device: a CSV row per placement and threshold, the
+/// figure, FDP tiers below one PID; run again, every point is kept, not rerun.
+#[test]
+fn the_fdp_experiment_runs_resumes_and_draws() {
+    let dir = temp_dir("fdp-experiment");
+    let out = dir.path().to_str().unwrap();
+    let mut args = vec!["experiment", "fdp", "--out", out, "--overwrites", "3"];
+    args.extend(["--gc-thresholds", "60", "--key-space-gib", "0.41"]);
+    for s in [
+        "flash.blocks_per_die=16",
+        "flash.superblock_dies=8",
+        "capacity.over_provisioning=0.3",
+        "workload.lsm_memtable_bytes=1048576",
+        "workload.lsm_sst_bytes=1048576",
+    ] {
+        args.extend(["--set", s]);
+    }
+    let (ok, _, stderr) = ftlab(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("gc 60 %: steady WAF one PID"), "{stderr}");
+    let csv = std::fs::read_to_string(dir.path().join("fdp.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    let steady = |name: &str| -> f64 {
+        rows.iter().find(|r| r[0] == name).unwrap()[3]
+            .parse()
+            .unwrap()
+    };
+    assert!(steady("tiers") < steady("one"), "{csv}");
+    for ext in ["png", "svg"] {
+        assert!(dir.path().join(format!("fdp.{ext}")).exists());
+    }
+    let (ok, _, stderr) = ftlab(&args);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stderr.matches("kept from an earlier run").count(),
+        4,
+        "{stderr}"
+    );
+}
