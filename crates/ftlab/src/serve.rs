@@ -29,6 +29,15 @@ pub struct ServeArgs {
     /// Export name clients ask for ("" is always accepted too).
     #[arg(long, default_value = "ftlab")]
     export_name: String,
+    /// Serve several exports from the one device (NVMe namespaces sharing its flash and FTL),
+    /// each `NAME[=SIZE][,handle=H][,ranges=FILE][,read-only]`, laid out in order over the
+    /// device's logical space: SIZE in bytes or with K/M/G/T (omitted: what is left); its
+    /// writes carry placement handle H (or G:H), or the PIDs of a range file of offsets within
+    /// the export (docs/trace-formats.md); read-only refuses its writes. Replaces
+    /// --export-name; "" names the first. E.g. --export wal=1G,handle=1 --export db,handle=2
+    /// with --set ftl.streams=3.
+    #[arg(long = "export", value_name = "SPEC", value_parser = parse_export)]
+    exports: Vec<ftlab_server::ExportSpec>,
     /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL]. zstd-dict trains its
     /// dictionaries (one for text pages, one for binary) by itself (a few seconds of one core,
     /// logged): first once 4096 pages are stored compressed (neither same-filled nor raw), then
@@ -102,6 +111,41 @@ pub struct ServeArgs {
     idle_timeout: f64,
 }
 
+/// `NAME[=SIZE][,handle=H][,ranges=FILE][,read-only]`, as `--export` takes it.
+fn parse_export(text: &str) -> Result<ftlab_server::ExportSpec, String> {
+    let mut parts = text.split(',');
+    let head = parts.next().unwrap_or_default();
+    let (name, size) = match head.split_once('=') {
+        Some((name, size)) => (name, Some(parse_size(size)?)),
+        None => (head, None),
+    };
+    let mut spec = ftlab_server::ExportSpec {
+        name: name.to_string(),
+        size_bytes: size,
+        ..Default::default()
+    };
+    for part in parts {
+        match part.split_once('=') {
+            Some(("handle", pid)) => {
+                spec.placement = ftlab_sim::trace::parse_pid(pid, "handle")
+                    .map_err(|e| format!("`{text}`: {}", e.reason))?;
+            }
+            Some(("ranges", path)) => {
+                let ranges = ftlab_sim::placement::PlacementRanges::load(Path::new(path))
+                    .map_err(|e| e.to_string())?;
+                spec.ranges = Some(ranges);
+            }
+            None if part == "read-only" => spec.read_only = true,
+            _ => {
+                return Err(format!(
+                    "`{part}` in `{text}`: expected handle=H, ranges=FILE or read-only"
+                ))
+            }
+        }
+    }
+    Ok(spec)
+}
+
 /// Seconds: a finite, non-negative number.
 fn parse_seconds(text: &str) -> Result<f64, String> {
     text.trim()
@@ -173,6 +217,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         &config,
         DeviceOptions {
             export_name: args.export_name.clone(),
+            exports: args.exports.clone(),
             latency,
             codec,
             record: args.record.clone(),
@@ -254,24 +299,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
             return Err(e);
         }
     }
-    let size = device.size_bytes();
-    if let Some(l) = &tcp {
-        // The address bound, which names the port when --listen asked for any (port 0).
-        let addr = l
-            .local_addr()
-            .map_or_else(|_| args.listen.clone(), |a| a.to_string());
-        eprintln!(
-            "ftlab serve: export `{}` ({size} bytes) on nbd://{addr}",
-            args.export_name
-        );
-    }
-    if let Some(path) = &args.unix {
-        eprintln!(
-            "ftlab serve: export `{}` ({size} bytes) on nbd+unix:///{}?socket={}",
-            args.export_name,
-            args.export_name,
-            path.display()
-        );
+    for (name, size) in device.export_sizes() {
+        if let Some(l) = &tcp {
+            // The address bound, which names the port when --listen asked for any (port 0).
+            let addr = l
+                .local_addr()
+                .map_or_else(|_| args.listen.clone(), |a| a.to_string());
+            eprintln!("ftlab serve: export `{name}` ({size} bytes) on nbd://{addr}/{name}");
+        }
+        if let Some(path) = &args.unix {
+            eprintln!(
+                "ftlab serve: export `{name}` ({size} bytes) on nbd+unix:///{name}?socket={}",
+                path.display()
+            );
+        }
     }
     notify_service_manager("READY=1");
     if matches!(codec, Codec::ZstdDict { .. }) {

@@ -13,7 +13,9 @@ pub mod incoming;
 pub mod protocol;
 
 use ftlab_core::config::Config;
+pub use ftlab_core::request::Placement;
 use ftlab_core::request::{Op, PageSpan, Request as FtlRequest};
+pub use ftlab_sim::placement::PlacementRanges;
 use ftlab_sim::report::{OpHistograms, Recorder};
 use ftlab_sim::ConfiguredFtl;
 use ftlab_store::codec::Codec;
@@ -21,7 +23,7 @@ use ftlab_store::{PageStore, StoreConfig, StoreStats};
 pub use incoming::Incoming;
 use protocol as p;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -52,8 +54,12 @@ impl Latency {
 }
 
 pub struct DeviceOptions {
-    /// The export's name; clients asking for another name are refused ("" is the default).
+    /// The export's name when `exports` is empty; clients asking for another name are refused
+    /// ("" is the default).
     pub export_name: String,
+    /// Several exports (NVMe namespaces) sharing the device's flash and FTL, each a range of its
+    /// logical space in order; empty: one export of the whole device, `export_name`.
+    pub exports: Vec<ExportSpec>,
     pub latency: Latency,
     pub codec: Codec,
     /// Write every request the FTL model sees here, so that `ftlab sim --trace` replays what
@@ -68,9 +74,46 @@ pub struct DeviceOptions {
     pub read_only: bool,
 }
 
+/// One export as configured: like an NVMe namespace, its own LBA space on the shared device,
+/// and where its writes are placed.
+#[derive(Clone, Debug, Default)]
+pub struct ExportSpec {
+    pub name: String,
+    /// None: what the exports before it leave of the device.
+    pub size_bytes: Option<u64>,
+    /// The placement of its writes (its placement handle), unless `ranges` says otherwise.
+    pub placement: Placement,
+    /// LBA ranges (offsets within the export) and their placements.
+    pub ranges: Option<PlacementRanges>,
+    pub read_only: bool,
+}
+
+/// An export as served: where it lies on the device, and what its clients did.
+struct Export {
+    spec: ExportSpec,
+    base_bytes: u64,
+    size_bytes: u64,
+    requests: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    trimmed_bytes: AtomicU64,
+}
+
+impl Export {
+    /// The placement of a write at `offset` (within the export).
+    fn placement_of(&self, offset: u64) -> Placement {
+        match &self.spec.ranges {
+            Some(r) => r.placement_of(offset),
+            None => self.spec.placement,
+        }
+    }
+}
+
 /// What the handshake settled for a connection.
 #[derive(Clone, Copy, Debug)]
 struct Negotiated {
+    /// The export it serves (an index into the device's).
+    export: usize,
     /// Structured replies (`NBD_OPT_STRUCTURED_REPLY`).
     structured: bool,
     /// The `base:allocation` metadata context (`NBD_OPT_SET_META_CONTEXT`), answered by
@@ -194,8 +237,13 @@ pub struct Device {
     client_latency: Mutex<OpHistograms>,
     /// The resolved configuration, for the statistics.
     config: Config,
+    exports: Vec<Export>,
     /// Memory of requests in flight, over all connections.
     budget: budget::InflightBudget,
+}
+
+fn specs_named(exports: &[Export], name: &str) -> bool {
+    exports.iter().any(|e| e.spec.name == name)
 }
 
 /// Why a request failed, as an NBD error code.
@@ -229,6 +277,8 @@ fn store_errno(e: ftlab_store::StoreError) -> Errno {
 pub enum DeviceError {
     #[error(transparent)]
     Config(#[from] ftlab_core::config::ConfigError),
+    #[error("{0}")]
+    Export(String),
     #[error(transparent)]
     Memory(#[from] ftlab_core::memory::MemoryError),
     #[error(transparent)]
@@ -354,6 +404,7 @@ impl Device {
             ));
         }
         let inflight = budget::InflightBudget::new(options.limits.max_inflight_bytes);
+        let exports = Self::lay_out_exports(&options, &geometry)?;
         let mut store_config = StoreConfig::new(page_bytes, options.codec);
         store_config.mem_limit_bytes = options.mem_limit_bytes;
         let store = PageStore::new(store_config)?;
@@ -391,7 +442,91 @@ impl Device {
             client_latency: Mutex::new(OpHistograms::default()),
             config: config.clone(),
             budget: inflight,
+            exports,
         })
+    }
+
+    /// The exports in order on the device's logical space, each checked: a known name, whole
+    /// pages, room on the device, a placement the device has.
+    fn lay_out_exports(
+        options: &DeviceOptions,
+        geometry: &ftlab_core::geometry::Geometry,
+    ) -> Result<Vec<Export>, DeviceError> {
+        let device_bytes = geometry.logical_bytes();
+        let specs = if options.exports.is_empty() {
+            vec![ExportSpec {
+                name: options.export_name.clone(),
+                ..Default::default()
+            }]
+        } else {
+            options.exports.clone()
+        };
+        let page = u64::from(geometry.page_size_bytes);
+        let mut base = 0u64;
+        let mut exports = Vec::new();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let bad = |why: String| DeviceError::Export(format!("export `{}`: {why}", spec.name));
+            if specs_named(&exports, &spec.name) {
+                return Err(bad("named twice".into()));
+            }
+            if spec.name.is_empty() && i > 0 {
+                return Err(bad("only the first export may have the empty name".into()));
+            }
+            let left = device_bytes - base;
+            let size = spec.size_bytes.unwrap_or(left);
+            if size == 0 || size % page != 0 {
+                return Err(bad(format!(
+                    "{size} bytes: an export is a positive number of whole {page}-byte pages"
+                )));
+            }
+            if size > left {
+                return Err(bad(format!(
+                    "{size} bytes do not fit: the exports before it leave {left} of the device's {device_bytes} (size the device with --set capacity.logical_bytes=BYTES)"
+                )));
+            }
+            let placements = spec
+                .ranges
+                .iter()
+                .flat_map(|r| r.ranges().iter().map(|r| r.placement))
+                .chain([spec.placement]);
+            for p in placements {
+                if u32::from(p.handle) >= geometry.handles
+                    || u32::from(p.reclaim_group) >= geometry.reclaim_groups
+                {
+                    return Err(bad(format!(
+                        "placement {}:{} is not on the device ({} reclaim group(s) of {} handle(s): fdp.reclaim_groups, fdp.handles or ftl.streams)",
+                        p.reclaim_group, p.handle, geometry.reclaim_groups, geometry.handles
+                    )));
+                }
+            }
+            exports.push(Export {
+                spec,
+                base_bytes: base,
+                size_bytes: size,
+                requests: AtomicU64::new(0),
+                read_bytes: AtomicU64::new(0),
+                written_bytes: AtomicU64::new(0),
+                trimmed_bytes: AtomicU64::new(0),
+            });
+            base += size;
+        }
+        Ok(exports)
+    }
+
+    /// Each export's name and size, in order on the device.
+    pub fn export_sizes(&self) -> Vec<(String, u64)> {
+        self.exports
+            .iter()
+            .map(|e| (e.spec.name.clone(), e.size_bytes))
+            .collect()
+    }
+
+    /// The export a client names: "" is the first.
+    fn export_named(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return Some(0);
+        }
+        self.exports.iter().position(|e| e.spec.name == name)
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -505,17 +640,19 @@ impl Device {
     /// holes reading as zeros, pages stored as zeros read as zeros, the rest is data. Adjacent
     /// pages of one kind make one extent; with `NBD_CMD_FLAG_REQ_ONE` the first extent alone is
     /// given. At most `MAX_STATUS_DESCRIPTORS` extents over `MAX_STATUS_SCAN_BYTES`.
-    fn block_status(&self, r: &p::Request) -> Result<Vec<(u32, u32)>, Errno> {
+    fn block_status(&self, r: &p::Request, export: usize) -> Result<Vec<(u32, u32)>, Errno> {
+        let e = &self.exports[export];
         let end = r
             .offset
             .checked_add(u64::from(r.length))
-            .filter(|&e| e <= self.size_bytes && r.length > 0)
+            .filter(|&end| end <= e.size_bytes && r.length > 0)
             .ok_or(p::EINVAL)?;
-        let end = end.min(r.offset + MAX_STATUS_SCAN_BYTES);
+        // On the device: the export's base added.
+        let end = e.base_bytes + end.min(r.offset + MAX_STATUS_SCAN_BYTES);
         let one = r.flags & p::CMD_FLAG_REQ_ONE != 0;
         let ps = self.page_bytes as u64;
         let mut descriptors: Vec<(u32, u32)> = Vec::new();
-        let mut at = r.offset;
+        let mut at = e.base_bytes + r.offset;
         while at < end {
             let lpn = at / ps;
             let len = ((lpn + 1) * ps).min(end) - at;
@@ -691,6 +828,21 @@ impl Device {
             "client_latency_ns": self.client_latency(),
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
+            "exports": self.exports.iter().map(|e| serde_json::json!({
+                "name": e.spec.name,
+                "base_bytes": e.base_bytes,
+                "size_bytes": e.size_bytes,
+                "placement": e.spec.ranges.is_none().then(|| serde_json::json!({
+                    "reclaim_group": e.spec.placement.reclaim_group,
+                    "handle": e.spec.placement.handle,
+                })),
+                "placement_ranges": e.spec.ranges.as_ref().map_or(0, |r| r.ranges().len()),
+                "read_only": e.spec.read_only || self.options.read_only,
+                "requests": e.requests.load(Ordering::Relaxed),
+                "read_bytes": e.read_bytes.load(Ordering::Relaxed),
+                "written_bytes": e.written_bytes.load(Ordering::Relaxed),
+                "trimmed_bytes": e.trimmed_bytes.load(Ordering::Relaxed),
+            })).collect::<Vec<_>>(),
         });
         let object = stats.as_object_mut().expect("a report is an object");
         for (key, value) in live.as_object().expect("an object") {
@@ -769,8 +921,8 @@ impl Device {
 
     /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
     /// in one chunk anyway.
-    fn transmission_flags(&self, structured: bool) -> u16 {
-        let read_only = if self.options.read_only {
+    fn transmission_flags(&self, structured: bool, export: usize) -> u16 {
+        let read_only = if self.options.read_only || self.exports[export].spec.read_only {
             p::TF_READ_ONLY
         } else {
             0
@@ -803,7 +955,9 @@ impl Device {
         payload: &[u8],
         out: &mut Vec<u8>,
         alone: bool,
+        export: usize,
     ) -> Result<u64, Errno> {
+        let e = &self.exports[export];
         // A load first: a swap on every request would be a locked instruction each.
         if self.panic_next_request.load(Ordering::Relaxed)
             && self.panic_next_request.swap(false, Ordering::SeqCst)
@@ -821,11 +975,10 @@ impl Device {
         };
         let in_range = offset
             .checked_add(length)
-            .is_some_and(|e| e <= self.size_bytes);
+            .is_some_and(|end| end <= e.size_bytes);
+        let read_only = self.options.read_only || e.spec.read_only;
         match r.command {
-            p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_TRIM if self.options.read_only => {
-                return Err(p::EPERM)
-            }
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_TRIM if read_only => return Err(p::EPERM),
             // A hint to bring data near: there is no nearer than RAM, so nothing to do.
             p::CMD_CACHE if in_range => return Ok(0),
             p::CMD_READ | p::CMD_TRIM | p::CMD_CACHE if !in_range => return Err(p::EINVAL),
@@ -833,6 +986,19 @@ impl Device {
             p::CMD_READ | p::CMD_TRIM | p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_FLUSH => {}
             _ => return Err(p::EINVAL),
         }
+        e.requests.fetch_add(1, Ordering::Relaxed);
+        let counter = match r.command {
+            p::CMD_READ => Some(&e.read_bytes),
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES => Some(&e.written_bytes),
+            p::CMD_TRIM => Some(&e.trimmed_bytes),
+            _ => None,
+        };
+        if let Some(c) = counter {
+            c.fetch_add(length, Ordering::Relaxed);
+        }
+        // The export's placement, then its offset on the device.
+        let placement = e.placement_of(offset);
+        let offset = e.base_bytes + offset;
         let span = PageSpan::new(offset, length, ps);
         let touched = span.touched();
         let std::ops::Range {
@@ -928,7 +1094,7 @@ impl Device {
             op,
             offset_bytes: offset,
             length_bytes: length,
-            placement: ftlab_core::request::Placement::default(),
+            placement,
         };
         let pieces = match r.command {
             p::CMD_READ => vec![piece(Op::Read, offset, length)],
@@ -1153,7 +1319,9 @@ fn handshake<R: Read, W: Write>(
     let no_zeroes = client_flags & p::CLIENT_NO_ZEROES != 0;
     let mut structured = false;
     let mut allocation = false;
-    let name_ok = |name: &str| name.is_empty() || name == device.options.export_name;
+    let name_ok = |name: &str| device.export_named(name).is_some();
+    // The export chosen by OPT_EXPORT_NAME or OPT_GO, either of which ends the haggling.
+    let export;
     // Option haggling.
     loop {
         let mut h = [0u8; 16];
@@ -1170,11 +1338,15 @@ fn handshake<R: Read, W: Write>(
         match header.option {
             p::OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
-                if !name_ok(&name) {
+                let Some(named) = device.export_named(&name) else {
                     return Err(ConnectionError::UnknownExport(name.into_owned()));
-                }
-                send(w, &device.size_bytes.to_be_bytes())?;
-                send(w, &device.transmission_flags(structured).to_be_bytes())?;
+                };
+                export = named;
+                send(w, &device.exports[export].size_bytes.to_be_bytes())?;
+                send(
+                    w,
+                    &device.transmission_flags(structured, export).to_be_bytes(),
+                )?;
                 if !no_zeroes {
                     send(w, &[0u8; 124])?;
                 }
@@ -1192,10 +1364,12 @@ fn handshake<R: Read, W: Write>(
                         &p::option_reply(header.option, p::REP_ERR_INVALID, b"LIST takes no data"),
                     )?;
                 } else {
-                    let name = device.options.export_name.as_bytes();
-                    let mut d = (name.len() as u32).to_be_bytes().to_vec();
-                    d.extend_from_slice(name);
-                    send(w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
+                    for e in &device.exports {
+                        let name = e.spec.name.as_bytes();
+                        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+                        d.extend_from_slice(name);
+                        send(w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
+                    }
                     send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
                 }
             }
@@ -1280,9 +1454,12 @@ fn handshake<R: Read, W: Write>(
                         format!("no export `{}`", go.name).as_bytes(),
                     ),
                 )?,
-                Ok(_) => {
-                    let info =
-                        p::info_export(device.size_bytes, device.transmission_flags(structured));
+                Ok(go) => {
+                    let named = device.export_named(&go.name).expect("checked by name_ok");
+                    let info = p::info_export(
+                        device.exports[named].size_bytes,
+                        device.transmission_flags(structured, named),
+                    );
                     send(w, &p::option_reply(header.option, p::REP_INFO, &info))?;
                     // Any byte range works (partial pages are read-modify-writes); whole
                     // pages are what the device prefers.
@@ -1290,6 +1467,7 @@ fn handshake<R: Read, W: Write>(
                     send(w, &p::option_reply(header.option, p::REP_INFO, &bs))?;
                     send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
                     if header.option == p::OPT_GO {
+                        export = named;
                         break;
                     }
                 }
@@ -1303,6 +1481,7 @@ fn handshake<R: Read, W: Write>(
     }
     w.flush().map_err(write_error)?;
     Ok(Some(Negotiated {
+        export,
         structured,
         allocation,
     }))
@@ -1525,7 +1704,7 @@ fn answer(
     if request.command == p::CMD_BLOCK_STATUS && !device.draining.load(Ordering::SeqCst) {
         // Allowed only with the context negotiated (so structured replies too).
         let status = if negotiated.allocation {
-            device.block_status(request)
+            device.block_status(request, negotiated.export)
         } else {
             Err(p::EINVAL)
         };
@@ -1558,7 +1737,7 @@ fn answer(
         // Unwind safety: after a panic nothing of the device is executed again (`failure`),
         // and only its counters and store are read, for the statistics and the image.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            device.execute(request, payload, &mut out, alone)
+            device.execute(request, payload, &mut out, alone, negotiated.export)
         }))
         .unwrap_or_else(|panic| Err(device.fail(request, &*panic)))
     };

@@ -48,6 +48,7 @@ fn device_with_codec(latency: Latency, mem_limit_bytes: Option<u64>, codec: Code
 fn options() -> DeviceOptions {
     DeviceOptions {
         export_name: "ftlab".into(),
+        exports: Vec::new(),
         latency: Latency::None,
         codec: Codec::Lz4,
         record: None,
@@ -1000,4 +1001,151 @@ fn a_read_only_export_refuses_writes_with_eperm() {
     assert_eq!((err, back == vec![0u8; 4096]), (0, true));
     assert_eq!(c.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
     assert_eq!(device.ftl_stats().1.host_write_pages, 0);
+}
+
+/// Opens export `name` (structured replies off); returns the client and the size GO gave.
+fn open_export(
+    device: &Arc<Device>,
+    name: &str,
+) -> (Client, std::thread::JoinHandle<Result<(), String>>, u64) {
+    let (mut s, h) = connect(device);
+    greet(&mut s);
+    option(&mut s, p::OPT_GO, &go_data(name));
+    let mut size = 0;
+    loop {
+        let (kind, d) = option_reply(&mut s);
+        match kind {
+            p::REP_INFO if u16::from_be_bytes([d[0], d[1]]) == p::INFO_EXPORT => {
+                size = u64::from_be_bytes(d[2..10].try_into().unwrap());
+            }
+            p::REP_INFO => {}
+            p::REP_ACK => break,
+            other => panic!("export `{name}`: unexpected reply {other:#x}"),
+        }
+    }
+    let client = Client {
+        s,
+        cookie: 0,
+        structured: false,
+        last_error_message: String::new(),
+    };
+    (client, h, size)
+}
+
+/// Two exports (namespaces) on one device, each with its placement handle: LIST names both,
+/// each has its own size and bounds, a write to one never shows in the other, and the model
+/// places each export's writes on its handle; the statistics count per export.
+#[test]
+fn exports_share_the_device_and_keep_to_their_own_ranges() {
+    let c = config(
+        "femu",
+        &[
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+            "ftl.streams=3",
+        ],
+    );
+    let spec = |name: &str, size: Option<u64>, handle: u8| ftlab_server::ExportSpec {
+        name: name.into(),
+        size_bytes: size,
+        placement: ftlab_server::Placement::handle(handle),
+        ..Default::default()
+    };
+    let two = DeviceOptions {
+        exports: vec![spec("wal", Some(16 << 20), 1), spec("db", None, 2)],
+        ..options()
+    };
+    let device = Arc::new(Device::new(&c, two).unwrap());
+
+    // LIST: both names.
+    let (mut s, h) = connect(&device);
+    greet(&mut s);
+    option(&mut s, p::OPT_LIST, &[]);
+    let mut names = Vec::new();
+    loop {
+        let (kind, d) = option_reply(&mut s);
+        if kind == p::REP_ACK {
+            break;
+        }
+        assert_eq!(kind, p::REP_SERVER);
+        names.push(String::from_utf8(d[4..].to_vec()).unwrap());
+    }
+    assert_eq!(names, ["wal", "db"]);
+    option(&mut s, p::OPT_ABORT, &[]);
+    assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+    drop(s);
+    h.join().unwrap().unwrap();
+
+    let (mut wal, hw, wal_size) = open_export(&device, "wal");
+    let (mut db, hd, db_size) = open_export(&device, "db");
+    assert_eq!((wal_size, db_size), (16 << 20, 48 << 20));
+    // The same offsets in both: each reads back its own bytes.
+    let a = vec![0xaau8; 65536];
+    let b = vec![0xbbu8; 65536];
+    for i in 0..64u64 {
+        assert_eq!(wal.request(p::CMD_WRITE, 0, i * 65536, 65536, &a).0, 0);
+        assert_eq!(db.request(p::CMD_WRITE, 0, i * 65536, 65536, &b).0, 0);
+    }
+    for i in 0..64u64 {
+        assert_eq!(wal.request(p::CMD_READ, 0, i * 65536, 65536, &[]).1, a);
+        assert_eq!(db.request(p::CMD_READ, 0, i * 65536, 65536, &[]).1, b);
+    }
+    // Each export's end is its own: the wal's last page works, one past it does not.
+    assert_eq!(
+        wal.request(p::CMD_WRITE, 0, wal_size - 4096, 4096, &a[..4096])
+            .0,
+        0
+    );
+    assert_eq!(
+        wal.request(p::CMD_WRITE, 0, wal_size, 4096, &a[..4096]).0,
+        p::ENOSPC
+    );
+    assert_eq!(
+        wal.request(p::CMD_READ, 0, wal_size, 4096, &[]).0,
+        p::EINVAL
+    );
+    assert_eq!(db.request(p::CMD_READ, 0, db_size - 4096, 4096, &[]).0, 0);
+    // The db's first page is still its own after the wal wrote its last.
+    assert_eq!(db.request(p::CMD_READ, 0, 0, 4096, &[]).1, b[..4096]);
+    // NBD_CMD_DISC (no reply) ends each connection in order.
+    for c in [&mut wal, &mut db] {
+        let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
+        m.extend_from_slice(&[0u8; 20]);
+        c.s.write_all(&m).unwrap();
+    }
+    hw.join().unwrap().unwrap();
+    hd.join().unwrap().unwrap();
+
+    let stats = device.stats_json();
+    let exports = stats["exports"].as_array().unwrap();
+    assert_eq!(exports[0]["written_bytes"], 64 * 65536 + 4096);
+    assert_eq!(exports[1]["written_bytes"], 64 * 65536);
+    assert_eq!(exports[1]["base_bytes"], 16 << 20);
+    let placements = stats["fdp"]["placements"].as_array().unwrap();
+    let host = |h: usize| placements[h]["host_pages"].as_u64().unwrap();
+    assert_eq!((host(0), host(1), host(2)), (0, 64 * 16 + 1, 64 * 16));
+
+    // A handle the device does not have, or exports beyond it, are refused.
+    let refused = |exports| {
+        let options = DeviceOptions {
+            exports,
+            ..options()
+        };
+        Device::new(&c, options).err().unwrap().to_string()
+    };
+    let e = refused(vec![spec("x", None, 3)]);
+    assert!(
+        e.contains("export `x`") && e.contains("placement 0:3"),
+        "{e}"
+    );
+    let e = refused(vec![
+        spec("x", Some(60 << 20), 0),
+        spec("y", Some(8 << 20), 0),
+    ]);
+    assert!(e.contains("export `y`") && e.contains("do not fit"), "{e}");
+    let e = refused(vec![spec("x", Some(1 << 20), 0), spec("x", None, 0)]);
+    assert!(e.contains("named twice"), "{e}");
 }
