@@ -11,10 +11,11 @@ use std::time::Instant;
 pub struct BenchArgs {
     /// Which benchmarks: steady (4 and 64 GiB steady-state random writes), replay (DiskSim
     /// trace replay), persisted (the default job with the mapping persisted, 1 % protected,
-    /// against the model off), all (those three); store (the compressed page store) and serve
-    /// (ftlab serve against nbdkit memory, with fio; nbdkit null beside them as the client's
-    /// ceiling) separately.
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "store", "serve"])]
+    /// against the model off), fdp (the default job on 8 handles, each an eighth of the LBA
+    /// space by a range file, against one stream), all (those four); store (the compressed page
+    /// store) and serve (ftlab serve against nbdkit memory, with fio; nbdkit null beside them as
+    /// the client's ceiling) separately.
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -191,6 +192,66 @@ fn persisted() -> Result<()> {
     Ok(())
 }
 
+/// The default job on eight persistently isolated handles, each write placed by a range file
+/// (an eighth of the LBA space per handle), against the same job on one stream: medians of
+/// three runs each, alternating.
+fn fdp(args: &BenchArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating {}", args.work_dir.display()))?;
+    let logical = ConfigBuilder::from_preset(ftlab_core::config::DEFAULT_PRESET)?
+        .build()?
+        .geometry()?
+        .logical_bytes();
+    let ranges = args.work_dir.join("eighths.ranges");
+    let eighth = logical / 8;
+    let text: String = (0..8)
+        .map(|h| format!("{}, {}, {h}\n", h * eighth, (h + 1) * eighth))
+        .collect();
+    std::fs::write(&ranges, text).with_context(|| format!("writing {}", ranges.display()))?;
+    let rate = |handles: bool| -> Result<(f64, Option<f64>)> {
+        let mut b = ConfigBuilder::from_preset(ftlab_core::config::DEFAULT_PRESET)?;
+        if handles {
+            b.set("ftl.streams=8")?;
+            b.set(&format!(
+                "workload.placement_ranges={}",
+                toml::Value::String(ranges.display().to_string())
+            ))?;
+        }
+        let report = ftlab_sim::sim::run(&b.build()?, &mut |_| {})?;
+        if handles {
+            anyhow::ensure!(
+                report.fdp.placements.iter().filter(|p| p.host_pages > 0).count() == 8,
+                "the range file did not spread the writes over 8 handles"
+            );
+        }
+        Ok((
+            report.host_write_pages as f64 / report.wall_seconds,
+            report.waf,
+        ))
+    };
+    let (mut one, mut eight) = (Vec::new(), Vec::new());
+    let mut waf = None;
+    for _ in 0..3 {
+        one.push(rate(false)?.0);
+        let (r, w) = rate(true)?;
+        eight.push(r);
+        waf = w;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (one, eight) = (median(&mut one), median(&mut eight));
+    println!(
+        "| default job on 8 FDP handles (a range file places each eighth of the LBAs), median of 3 | {:.2} M pages/s | WAF {} | the same job on one stream {:.2} M/s | ratio {:.3} |",
+        eight / 1e6,
+        ftlab_sim::report::waf_text(waf),
+        one / 1e6,
+        eight / one
+    );
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "serve" {
         return crate::bench_serve::run(machine(), args.seconds, args.repeat);
@@ -218,6 +279,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.which == "all" || args.which == "persisted" {
         persisted()?;
+    }
+    if args.which == "all" || args.which == "fdp" {
+        fdp(&args)?;
     }
     Ok(())
 }
