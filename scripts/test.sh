@@ -11,6 +11,8 @@ need_apt=()
 command -v fio >/dev/null || need_apt+=(fio)
 command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+# RocksDB's db_bench for the FDP test (scripts/rocksdb-fdp.sh, its short version).
+command -v db_bench >/dev/null || need_apt+=(rocksdb-tools)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"

@@ -220,7 +220,13 @@ fn fdp(args: &BenchArgs) -> Result<()> {
         let report = ftlab_sim::sim::run(&b.build()?, &mut |_| {})?;
         if handles {
             anyhow::ensure!(
-                report.fdp.placements.iter().filter(|p| p.host_pages > 0).count() == 8,
+                report
+                    .fdp
+                    .placements
+                    .iter()
+                    .filter(|p| p.host_pages > 0)
+                    .count()
+                    == 8,
                 "the range file did not spread the writes over 8 handles"
             );
         }

@@ -551,3 +551,80 @@ fn fio_verifies_two_exports_at_once() {
     assert_eq!(placements[2]["host_pages"], (size - (32 << 20)) / 4096);
     assert_eq!(placements[0]["host_pages"], 0);
 }
+
+/// `scripts/rocksdb-fdp.sh`, short: RocksDB's db_bench on ext4 over one export, then with its
+/// WAL on a second export and handle; both file systems clean, both WAFs reported, and the WAL's
+/// writes on handle 1 in the second run.
+#[test]
+fn rocksdb_with_its_wal_on_a_second_export() {
+    const NAME: &str = "rocksdb_with_its_wal_on_a_second_export";
+    for tool in [
+        "nbdfuse",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "fusermount3",
+        "db_bench",
+    ] {
+        if !have(tool) {
+            return skip(
+                NAME,
+                &format!(
+                    "{tool} is not installed (apt-get install libnbd-bin fuse3 rocksdb-tools)"
+                ),
+            );
+        }
+    }
+    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
+        return skip(
+            NAME,
+            "/dev/fuse or /dev/loop-control is missing on this machine",
+        );
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        return skip(NAME, "ext4 through a loop device needs root");
+    }
+    let dir = temp_dir("rocksdb");
+    let work = dir.join("work");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/rocksdb-fdp.sh");
+    let out = run(Command::new(script)
+        .env("WORK", &work)
+        .env("WAL_BYTES", "128M")
+        .env("FTLAB", env!("CARGO_BIN_EXE_ftlab"))
+        .args([
+            "100000",
+            "--set",
+            "flash.blocks_per_die=16",
+            "--set",
+            "flash.superblock_dies=8",
+        ])
+        .args([
+            "--set",
+            "capacity.logical_bytes=805306368",
+            "--set",
+            "ftl.streams=3",
+        ]));
+    assert_eq!(out.matches("e2fsck -fn: clean").count(), 2, "{out}");
+    assert!(
+        out.contains("one: WAF ") && out.contains("fdp: WAF "),
+        "{out}"
+    );
+    assert!(
+        out.contains("with the WAL on its own export and handle"),
+        "{out}"
+    );
+    let fdp = crate::support::read_json(work.join("fdp/stats.json"));
+    let placements = fdp["fdp"]["placements"].as_array().unwrap();
+    // The WAL (handle 1) and the SSTs (handle 2) both reached the device; nothing on handle 0.
+    assert!(
+        placements[1]["host_pages"].as_u64().unwrap() > 1000,
+        "{fdp}"
+    );
+    assert!(
+        placements[2]["host_pages"].as_u64().unwrap() > 1000,
+        "{fdp}"
+    );
+    assert_eq!(placements[0]["host_pages"], 0);
+    let one = crate::support::read_json(work.join("one/stats.json"));
+    assert!(one["fdp"]["placements"][0]["host_pages"].as_u64().unwrap() > 1000);
+}
