@@ -26,6 +26,11 @@ pub const PRESETS: &[Preset] = &[
         summary: "Hexa-SSD paper (seed 003): 8x8 dies, 8 KiB pages, 256 pages/block, read 60 us, program 700 us, 64 MiB buffer",
     },
     Preset {
+        name: "femu-fdp",
+        toml: include_str!("../presets/femu-fdp.toml"),
+        summary: "NVMe FDP (TP4146) on FEMU bbssd as seed 001: 8 persistently isolated handles, GC at 60 %, the LSM workload placed by tier",
+    },
+    Preset {
         name: "validation-uniform",
         toml: include_str!("../presets/validation-uniform.toml"),
         summary: "WAF reference check: 2 Mi pages, 256-page blocks, rho 7 %, greedy, GC below 2 free blocks, uniform 4 KiB",
@@ -36,7 +41,7 @@ pub const DEFAULT_PRESET: &str = "femu";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("unknown preset `{0}` (known: femu, hexa, validation-uniform)")]
+    #[error("unknown preset `{0}` (known: femu, femu-fdp, hexa, validation-uniform)")]
     UnknownPreset(String),
     // `cause`, not `source`: thiserror would also make it the cause, printed twice by `{:#}`.
     #[error("{path}: {cause}")]

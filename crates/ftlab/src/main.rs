@@ -73,7 +73,7 @@ enum Command {
 
 #[derive(Args, Clone)]
 pub struct ConfigArgs {
-    /// Preset to start from: femu, hexa, validation-uniform.
+    /// Preset to start from: femu, femu-fdp, hexa, validation-uniform.
     #[arg(long, default_value = DEFAULT_PRESET)]
     preset: String,
     /// TOML file merged over the preset (may be given several times).

@@ -115,7 +115,7 @@ const NOT_IN_PRESETS: [(&str, &str); 7] = [
 fn the_config_reference_names_every_key_and_only_keys_that_exist() {
     let reference = doc("docs/config.md");
     let mut printed = std::collections::BTreeMap::new();
-    for preset in ["femu", "hexa", "validation-uniform"] {
+    for preset in ["femu", "femu-fdp", "hexa", "validation-uniform"] {
         let (ok, stdout, stderr) = ftlab(&["config", "--preset", preset]);
         assert!(ok, "{stderr}");
         let config: toml::Table = stdout.parse().expect("`ftlab config` prints TOML");
