@@ -10,18 +10,19 @@
 # run's WAF (the server's --stats at exit) and the cut, and leaves both statistics in WORK.
 #
 # usage: scripts/rocksdb-fdp.sh [NUM_KEYS] [ftlab serve flags...]
-#   scripts/rocksdb-fdp.sh 2000000
-#   NUM_KEYS: keys per db_bench step (default 2000000; 1000-byte values, so about 2 GB per step).
+#   scripts/rocksdb-fdp.sh 1500000
+#   NUM_KEYS: keys per db_bench step (default 1500000; 1000-byte values, so about 1.5 GB per step:
+#   the database must fit the db export with room for compactions).
 #   Flags after it replace the device's defaults below (give them all: --set ...).
 # Needs root (mount, losetup), /dev/fuse, nbdfuse (libnbd-bin), fuse3, db_bench (rocksdb-tools).
-# Environment: WORK (default /tmp/ftlab-rocksdb), WAL_BYTES (the wal export, default 1G),
-# FTLAB (default target/release/ftlab).
+# Environment: WORK (default /tmp/ftlab-rocksdb), WAL_BYTES (the wal export, default 512M),
+# FTLAB (default target/release/ftlab), DB_BENCH_TIMEOUT (seconds per db_bench, default 7200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-num=${1:-2000000}
+num=${1:-1500000}
 shift || true
 WORK=${WORK:-/tmp/ftlab-rocksdb}
-WAL_BYTES=${WAL_BYTES:-1G}
+WAL_BYTES=${WAL_BYTES:-512M}
 FTLAB=${FTLAB:-target/release/ftlab}
 # A 5 GiB FEMU-like drive (64 dies, 80 blocks of 1 MiB each) exposing 4 GiB, background GC once
 # 60 % of it is used (the seed's threshold), three handles (0 for the one-export run).
@@ -88,7 +89,8 @@ run() {
     db=$run/mnt-ftlab/rocksdb
   fi
   echo "== $name: db_bench fillrandom,overwrite --num=$num"
-  db_bench --benchmarks=fillrandom,overwrite --num="$num" --key_size=16 --value_size=1000 \
+  # RocksDB out of space retries for ever; a run that long has failed.
+  timeout "${DB_BENCH_TIMEOUT:-7200}" db_bench --benchmarks=fillrandom,overwrite --num="$num" --key_size=16 --value_size=1000 \
     --compression_type=none --write_buffer_size=16777216 --target_file_size_base=16777216 \
     --max_background_jobs=2 --wal_bytes_per_sync=1048576 --bytes_per_sync=1048576 \
     --db="$db" "${wal[@]}" --statistics=0 \

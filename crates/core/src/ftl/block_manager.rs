@@ -286,11 +286,21 @@ impl BlockManager {
         self.free[usize::from(self.group[sb])].push_back(superblock);
     }
 
+    /// Superblock `sb`'s reclaim group (no memory access with one group: the common case is
+    /// on every invalidation's path).
+    #[inline(always)]
+    fn group_index(&self, sb: u32) -> usize {
+        if self.free.len() == 1 {
+            0
+        } else {
+            usize::from(self.group[sb as usize])
+        }
+    }
+
     /// Where superblock `sb`'s bucket `bucket` (of its group) is in `bucket_head`.
     #[inline]
     fn bucket_index(&self, sb: u32, bucket: u32) -> usize {
-        usize::from(self.group[sb as usize]) * (self.pages_per_superblock as usize + 1)
-            + bucket as usize
+        self.group_index(sb) * (self.pages_per_superblock as usize + 1) + bucket as usize
     }
 
     fn link(&mut self, sb: u32, bucket: u32) {
@@ -302,7 +312,7 @@ impl BlockManager {
             self.prev[head as usize] = sb;
         }
         self.bucket_head[at] = sb;
-        let g = usize::from(self.group[sb as usize]);
+        let g = self.group_index(sb);
         self.min_bucket[g] = self.min_bucket[g].min(bucket);
     }
 

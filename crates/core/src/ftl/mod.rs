@@ -118,6 +118,15 @@ pub fn ideal_handles(lifetimes: &[u64], handles: u32) -> Vec<u8> {
 
 const NEVER: u32 = u32::MAX;
 
+/// A frontier to program at: its index, the reclaim group its superblocks come from, and the
+/// placement they belong to.
+#[derive(Clone, Copy, Debug)]
+struct Destination {
+    index: usize,
+    group: u8,
+    placement: u8,
+}
+
 pub struct Ftl<M: MappingTable> {
     geometry: Geometry,
     map: M,
@@ -478,10 +487,16 @@ impl<M: MappingTable> Ftl<M> {
         let mut done_ns = now_ns;
         match request.op {
             Op::Write => {
+                // The host's placement (the common case) is the request's, page after page.
+                let by_host = matches!(self.placer, Placer::Host);
                 for lpn in span.touched() {
                     let partial = !span.is_whole(lpn);
                     let lpn = Lpn::new(lpn as u32);
-                    let placement = self.place(placement, lpn);
+                    let placement = if by_host {
+                        placement
+                    } else {
+                        self.place(placement, lpn)
+                    };
                     let t = self.write_page(lpn, placement, partial, now_ns);
                     done_ns = done_ns.max(t);
                 }
@@ -507,8 +522,6 @@ impl<M: MappingTable> Ftl<M> {
     /// The placement of a host write of `lpn` the host asked to place at `asked`.
     #[inline(always)]
     fn place(&mut self, asked: Placement, lpn: Lpn) -> Placement {
-        let now = self.host_pages_placed;
-        self.host_pages_placed += 1;
         let interval = match &mut self.placer {
             Placer::Host => return asked,
             Placer::Record { log } => {
@@ -516,6 +529,8 @@ impl<M: MappingTable> Ftl<M> {
                 return asked;
             }
             Placer::Auto { last_write } => {
+                let now = self.host_pages_placed;
+                self.host_pages_placed += 1;
                 let last = std::mem::replace(&mut last_write[lpn.index()], now as u32);
                 if last == NEVER {
                     u64::MAX
@@ -684,7 +699,8 @@ impl<M: MappingTable> Ftl<M> {
         if self.ru_time_limit_ns > 0 {
             self.enforce_time_limit(placement, ready_ns);
         }
-        self.program(lpn, placement, ready_ns, None)
+        let to = self.destination(placement, Cause::Host);
+        self.program(lpn, to, ready_ns, None)
     }
 
     /// Whether handle (placement) `handle` is persistently isolated.
@@ -735,10 +751,14 @@ impl<M: MappingTable> Ftl<M> {
         if stream == MAPPING_PLACEMENT {
             return Some(self.collect_translation(victim, now_ns));
         }
-        let from = Placement {
-            reclaim_group: group,
-            handle: stream,
-        };
+        // Where this victim's pages go: decided once, not per page.
+        let to = self.destination(
+            Placement {
+                reclaim_group: group,
+                handle: stream,
+            },
+            Cause::Gc,
+        );
         let base = victim * self.geometry.pages_per_superblock;
         // Gather the moves first: the reverse map is read sequentially, and each mapping entry
         // (a likely cache miss) is prefetched a few moves before it is updated.
@@ -771,7 +791,7 @@ impl<M: MappingTable> Ftl<M> {
             let read_ns = self
                 .flash(FlashOp::Read { ppn }, Cause::Gc, stream, now_ns)
                 .done_ns;
-            let t = self.program(lpn, from, read_ns, Some(ppn));
+            let t = self.program(lpn, to, read_ns, Some(ppn));
             last_write_ns = last_write_ns.max(t.done_ns);
         }
         if !moves.is_empty() {
@@ -795,14 +815,14 @@ impl<M: MappingTable> Ftl<M> {
         Some(last_write_ns.max(erased_ns))
     }
 
-    /// Programs `lpn` at its placement's frontier and updates mapping, reverse map and
-    /// validity. `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from
-    /// (the table need not look it up), and `placement` the victim's.
+    /// Programs `lpn` at frontier `to` and updates mapping, reverse map and validity.
+    /// `moved_from`: None for a host write; for a GC move, the PPN it reads `lpn` from (the
+    /// table need not look it up).
     #[inline(always)]
     fn program(
         &mut self,
         lpn: Lpn,
-        placement: Placement,
+        to: Destination,
         ready_ns: u64,
         moved_from: Option<Ppn>,
     ) -> OpTimes {
@@ -814,8 +834,8 @@ impl<M: MappingTable> Ftl<M> {
         // The entry is about to change: a translation page that must become dirty may first
         // need another written back, and this program waits for it.
         let ready_ns = self.make_dirty(lpn, ready_ns);
-        let (ppn, filled, placed) = self.allocate(placement, cause, ready_ns);
-        let times = self.flash(FlashOp::Program { ppn }, cause, placed, ready_ns);
+        let (ppn, filled) = self.allocate_at(to.index, to.group, to.placement, ready_ns);
+        let times = self.flash(FlashOp::Program { ppn }, cause, to.placement, ready_ns);
         let old = match moved_from {
             Some(from) => {
                 self.map.relocate(lpn.get(), from.get(), ppn.get());
@@ -1030,25 +1050,26 @@ impl<M: MappingTable> Ftl<M> {
             + 2 * usize::from(placement.handle)
     }
 
-    /// The next page for data of `placement` written for `cause`, whether that page fills its
-    /// superblock, and the placement its superblock belongs to: the handle's own, except GC
+    /// Where data of `placement` written for `cause` goes: the handle's own frontier, except GC
     /// moves of initially isolated handles' data (and of the superblocks they share), which go
-    /// to the shared GC frontier.
+    /// to the group's shared GC frontier.
     #[inline(always)]
-    fn allocate(&mut self, placement: Placement, cause: Cause, now_ns: u64) -> (Ppn, bool, u8) {
+    fn destination(&self, placement: Placement, cause: Cause) -> Destination {
         let gc = cause == Cause::Gc;
-        let (index, placed) = if gc && !self.is_persistent(placement.handle) {
-            let index = usize::from(placement.reclaim_group) * self.frontiers_per_group
-                + self.frontiers_per_group
-                - 1;
-            (index, SHARED_GC_PLACEMENT)
+        let group = placement.reclaim_group;
+        if gc && !self.is_persistent(placement.handle) {
+            Destination {
+                index: (usize::from(group) + 1) * self.frontiers_per_group - 1,
+                group,
+                placement: SHARED_GC_PLACEMENT,
+            }
         } else {
-            let index =
-                self.host_frontier(placement) + usize::from(gc && self.gc_separate_frontier);
-            (index, placement.handle)
-        };
-        let (ppn, filled) = self.allocate_at(index, placement.reclaim_group, placed, now_ns);
-        (ppn, filled, placed)
+            Destination {
+                index: self.host_frontier(placement) + usize::from(gc && self.gc_separate_frontier),
+                group,
+                placement: placement.handle,
+            }
+        }
     }
 
     /// The next page of frontier `index`, whose superblocks are taken from reclaim group `group`
