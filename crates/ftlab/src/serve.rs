@@ -30,10 +30,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "ftlab")]
     export_name: String,
     /// Serve several exports from the one device (NVMe namespaces sharing its flash and FTL),
-    /// each `NAME[=SIZE][,handle=H][,ranges=FILE][,read-only]`, laid out in order over the
-    /// device's logical space: SIZE in bytes or with K/M/G/T (omitted: what is left); its
-    /// writes carry placement handle H (or G:H), or the PIDs of a range file of offsets within
-    /// the export (docs/trace-formats.md); read-only refuses its writes. Replaces
+    /// each `NAME[=SIZE][,handle=H][,handles=A:B:...][,ranges=FILE][,read-only]`, laid out in
+    /// order over the device's logical space: SIZE in bytes or with K/M/G/T (omitted: what is
+    /// left); its writes carry placement ID H (or G:H), or the PIDs of a range file of offsets
+    /// within the export (docs/trace-formats.md); handles= is its placement handle list (PID
+    /// handle i is device handle A, B, ... in turn; without it, device handle i); read-only
+    /// refuses its writes. Replaces
     /// --export-name; "" names the first. E.g. --export wal=1G,handle=1 --export db,handle=2
     /// with --set ftl.streams=3.
     #[arg(long = "export", value_name = "SPEC", value_parser = parse_export)]
@@ -111,7 +113,8 @@ pub struct ServeArgs {
     idle_timeout: f64,
 }
 
-/// `NAME[=SIZE][,handle=H][,ranges=FILE][,read-only]`, as `--export` takes it.
+/// `NAME[=SIZE][,handle=H][,handles=A:B:...][,ranges=FILE][,read-only]`, as `--export` takes
+/// it.
 fn parse_export(text: &str) -> Result<ftlab_server::ExportSpec, String> {
     let mut parts = text.split(',');
     let head = parts.next().unwrap_or_default();
@@ -130,6 +133,15 @@ fn parse_export(text: &str) -> Result<ftlab_server::ExportSpec, String> {
                 spec.placement = ftlab_sim::trace::parse_pid(pid, "handle")
                     .map_err(|e| format!("`{text}`: {}", e.reason))?;
             }
+            Some(("handles", list)) => {
+                spec.handles = list
+                    .split(':')
+                    .map(|h| h.parse::<u8>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| {
+                        format!("`{text}`: handles= takes device handles 0..=255 joined by `:`")
+                    })?;
+            }
             Some(("ranges", path)) => {
                 let ranges = ftlab_sim::placement::PlacementRanges::load(Path::new(path))
                     .map_err(|e| e.to_string())?;
@@ -138,7 +150,7 @@ fn parse_export(text: &str) -> Result<ftlab_server::ExportSpec, String> {
             None if part == "read-only" => spec.read_only = true,
             _ => {
                 return Err(format!(
-                    "`{part}` in `{text}`: expected handle=H, ranges=FILE or read-only"
+                    "`{part}` in `{text}`: expected handle=H, handles=A:B:..., ranges=FILE or read-only"
                 ))
             }
         }

@@ -81,11 +81,16 @@ pub struct ExportSpec {
     pub name: String,
     /// None: what the exports before it leave of the device.
     pub size_bytes: Option<u64>,
-    /// The placement of its writes (its placement handle), unless `ranges` says otherwise.
+    /// The placement ID of its writes (reclaim group and placement handle), unless `ranges`
+    /// says otherwise.
     pub placement: Placement,
-    /// LBA ranges (offsets within the export) and their placements.
+    /// LBA ranges (offsets within the export) and their placement IDs.
     pub ranges: Option<PlacementRanges>,
+    /// Its placement handle list (NVMe's, per namespace): placement handle `i` of a placement ID
+    /// is the device's reclaim unit handle `handles[i]`. Empty: handle `i` is the device's
+    /// handle `i`.
     pub read_only: bool,
+    pub handles: Vec<u8>,
 }
 
 /// An export as served: where it lies on the device, and what its clients did.
@@ -100,11 +105,26 @@ struct Export {
 }
 
 impl Export {
-    /// The placement of a write at `offset` (within the export).
+    /// The device placement of a write at `offset` (within the export): its placement ID, the
+    /// handle resolved through the export's placement handle list.
     fn placement_of(&self, offset: u64) -> Placement {
-        match &self.spec.ranges {
+        let pid = match &self.spec.ranges {
             Some(r) => r.placement_of(offset),
             None => self.spec.placement,
+        };
+        self.spec.resolve(pid)
+    }
+}
+
+impl ExportSpec {
+    /// The device's (reclaim group, handle) for placement ID `pid` (checked at start).
+    fn resolve(&self, pid: Placement) -> Placement {
+        Placement {
+            reclaim_group: pid.reclaim_group,
+            handle: match self.handles.get(usize::from(pid.handle)) {
+                Some(&h) => h,
+                None => pid.handle,
+            },
         }
     }
 }
@@ -484,12 +504,21 @@ impl Device {
                     "{size} bytes do not fit: the exports before it leave {left} of the device's {device_bytes} (size the device with --set capacity.logical_bytes=BYTES)"
                 )));
             }
-            let placements = spec
+            let pids: Vec<Placement> = spec
                 .ranges
                 .iter()
                 .flat_map(|r| r.ranges().iter().map(|r| r.placement))
-                .chain([spec.placement]);
-            for p in placements {
+                .chain([spec.placement])
+                .collect();
+            for pid in pids {
+                if !spec.handles.is_empty() && usize::from(pid.handle) >= spec.handles.len() {
+                    return Err(bad(format!(
+                        "placement handle {} is beyond its list of {} (handles=)",
+                        pid.handle,
+                        spec.handles.len()
+                    )));
+                }
+                let p = spec.resolve(pid);
                 if u32::from(p.handle) >= geometry.handles
                     || u32::from(p.reclaim_group) >= geometry.reclaim_groups
                 {
@@ -837,6 +866,7 @@ impl Device {
                     "handle": e.spec.placement.handle,
                 })),
                 "placement_ranges": e.spec.ranges.as_ref().map_or(0, |r| r.ranges().len()),
+                "placement_handles": e.spec.handles,
                 "read_only": e.spec.read_only || self.options.read_only,
                 "requests": e.requests.load(Ordering::Relaxed),
                 "read_bytes": e.read_bytes.load(Ordering::Relaxed),

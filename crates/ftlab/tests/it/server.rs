@@ -1052,8 +1052,11 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
         placement: ftlab_server::Placement::handle(handle),
         ..Default::default()
     };
+    let dir = temp_dir("exports");
+    let record = dir.join("record.nbdlog");
     let two = DeviceOptions {
         exports: vec![spec("wal", Some(16 << 20), 1), spec("db", None, 2)],
+        record: Some(record.clone()),
         ..options()
     };
     let device = Arc::new(Device::new(&c, two).unwrap());
@@ -1127,6 +1130,22 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
     let placements = stats["fdp"]["placements"].as_array().unwrap();
     let host = |h: usize| placements[h]["host_pages"].as_u64().unwrap();
     assert_eq!((host(0), host(1), host(2)), (0, 64 * 16 + 1, 64 * 16));
+    // The record holds device offsets and each write's placement: the db's first write at its
+    // base, on handle 2.
+    device.finish().unwrap();
+    let text = std::fs::read_to_string(&record).unwrap();
+    let writes: Vec<&str> = text.lines().filter(|l| l.contains(" Write ")).collect();
+    assert_eq!(writes.len(), 2 * 64 + 1);
+    assert!(
+        writes[0].contains("offset=0x0 ") && writes[0].contains(" pid=1 "),
+        "{}",
+        writes[0]
+    );
+    assert!(
+        writes[1].contains("offset=0x1000000 ") && writes[1].contains(" pid=2 "),
+        "{}",
+        writes[1]
+    );
 
     // A handle the device does not have, or exports beyond it, are refused.
     let refused = |exports| {
@@ -1148,4 +1167,33 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
     assert!(e.contains("export `y`") && e.contains("do not fit"), "{e}");
     let e = refused(vec![spec("x", Some(1 << 20), 0), spec("x", None, 0)]);
     assert!(e.contains("named twice"), "{e}");
+    let e = refused(vec![ftlab_server::ExportSpec {
+        handles: vec![2],
+        ..spec("x", None, 1)
+    }]);
+    assert!(e.contains("beyond its list of 1"), "{e}");
+
+    // A placement handle list: this export's placement handle 0 is the device's handle 2.
+    let listed = DeviceOptions {
+        exports: vec![ftlab_server::ExportSpec {
+            handles: vec![2],
+            ..spec("x", None, 0)
+        }],
+        ..options()
+    };
+    let device = Arc::new(Device::new(&c, listed).unwrap());
+    let (mut x, hx, _) = open_export(&device, "x");
+    assert_eq!(x.request(p::CMD_WRITE, 0, 0, 4096, &a[..4096]).0, 0);
+    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
+    m.extend_from_slice(&[0u8; 20]);
+    x.s.write_all(&m).unwrap();
+    hx.join().unwrap().unwrap();
+    let stats = device.stats_json();
+    assert_eq!(stats["fdp"]["placements"][2]["host_pages"], 1);
+    assert_eq!(
+        stats["exports"][0]["placement_handles"],
+        serde_json::json!([2])
+    );
 }
