@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every fuzz target (the five trace parsers, the NBD connection, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
+# Runs every fuzz target (the five trace parsers, placement range files, the NBD connection, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); RUSTC_BOOTSTRAP lets it use the stable toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -17,6 +17,9 @@ zcat "$shared/traces/rocksdb.nbdlog.gz" | head -50 > corpus/parse_nbdkit/seed ||
 printf '0 0 0 8 0\n10000 0 8 8 1\n' > corpus/parse_disksim/seed
 printf '  8,0    3        1     0.000000000   697  Q   W 223490 + 8 [kjournald]\n8,0 0 5 2.0 123 Q FWS [jbd2]\n' > corpus/parse_blkparse/seed
 printf 'fio version 3 iolog\n0 /dev/x add\n878 /dev/x write 0 16384\n9 /dev/x sync\n' > corpus/parse_fio/seed
+mkdir -p corpus/placement_ranges
+printf '# wal, then the rest\n0, 0x40000000, 1\n0x40000000, 0xffffffffffffffff, 0:2\n' > corpus/placement_ranges/seed
+printf '0 0 0 8 0 1\n10000 0 8 8 0 1:3\n' > corpus/parse_disksim/seed-pid
 mkdir -p corpus/nbd_connection
 # A client greeting: flags, then NBD_OPT_GO for "ftlab" (the fuzzer mutates from here).
 printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00' > corpus/nbd_connection/seed
@@ -24,7 +27,7 @@ printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05
 # with REQ_ONE) and a CACHE.
 printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x08\x00\x00\x00\x00IHAVEOPT\x00\x00\x00\x0a\x00\x00\x00\x20\x00\x00\x00\x05ftlab\x00\x00\x00\x01\x00\x00\x00\x0fbase\x3aallocationIHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00\x25\x60\x95\x13\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x10xxxxxxxxxxxxxxxx\x25\x60\x95\x13\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x25\x60\x95\x13\x00\x08\x00\x07\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00d\x00\x01\x00\x00\x25\x60\x95\x13\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10\x00' > corpus/nbd_connection/seed-block-status
 failed=()
-for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio nbd_connection mapping_tables mapping_sparse group_encodings; do
+for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio placement_ranges nbd_connection mapping_tables mapping_sparse group_encodings; do
   echo "== $t (${seconds}s)"
   # nbd_connection starts worker threads per input; libFuzzer's leak check can catch a joined
   # thread still in its TLS destructors and report std's own thread handle (see docs/testing.md), and
