@@ -388,7 +388,7 @@ pub struct WorkloadConfig {
     pub hot_access_pcent: f64,
     #[serde(default = "twenty")]
     pub hot_space_pcent: f64,
-    /// hotcold only: hot-region writes go to stream 1, cold to stream 0 (needs ftl.streams >= 2).
+    /// hotcold only: hot-region writes go to stream 1, cold to stream 0 (needs two handles).
     #[serde(default)]
     pub stream_by_temperature: bool,
     /// lsm: the bytes of unique keys (the last level's size); 0 = 40 % of the span.
@@ -819,10 +819,10 @@ impl Config {
         if w.span_bytes != 0 && w.span_bytes < w.request_size_bytes {
             return Err(invalid("workload.span_bytes", "smaller than one request"));
         }
-        if w.stream_by_temperature && self.ftl.streams < 2 {
+        if w.stream_by_temperature && geometry.handles < 2 {
             return Err(invalid(
                 "workload.stream_by_temperature",
-                "needs ftl.streams >= 2",
+                "needs two handles (ftl.streams >= 2, or fdp.handles)",
             ));
         }
         let span = if w.span_bytes == 0 {

@@ -7,12 +7,13 @@
 
 pub mod block_manager;
 pub mod mapping;
+pub mod placer;
 pub mod stats;
 pub mod translation;
 pub mod write_buffer;
 
 use crate::addr::{Lpn, Ppn, NO_SUPERBLOCK};
-use crate::config::{Config, GcScope, PlacementPolicy};
+use crate::config::{Config, GcScope};
 use crate::flash::{
     transfer_ns, Cause, FlashOp, FlashTiming, OpTimes, MAPPING_PLACEMENT, SHARED_GC_PLACEMENT,
 };
@@ -20,6 +21,8 @@ use crate::geometry::Geometry;
 use crate::request::{Op, PageSpan, Placement, Request};
 use block_manager::{BlockManager, SuperblockState};
 use mapping::MappingTable;
+use placer::Placer;
+pub use placer::{ideal_handles, lifetimes_from_log};
 pub use stats::{FdpEvent, FdpEventKind, FtlStats};
 use translation::TranslationPages;
 use write_buffer::WriteBuffer;
@@ -45,78 +48,6 @@ struct Frontier {
     /// When its reclaim unit was opened (for the RU time limit).
     opened_ns: u64,
 }
-
-/// Where the device's placement comes from when the host's is not used (`fdp.placement`).
-enum Placer {
-    Host,
-    /// Per LPN, the host page write counter at its last write (`NEVER` if none).
-    Auto {
-        last_write: Vec<u32>,
-    },
-    /// Per host page write, in order, the handle its lifetime puts it in
-    /// ([`ideal_handles`]), and how many have been placed.
-    Ideal {
-        handles: Vec<u8>,
-        next: usize,
-    },
-    /// The host's placement, recording each host page write's LPN and each trimmed LPN
-    /// (`TRIMMED` set) in order: the first pass of ideal placement.
-    Record {
-        log: Vec<u64>,
-    },
-}
-
-/// In a write log, marks a trim.
-const TRIMMED: u64 = 1 << 63;
-
-/// Each host page write's lifetime, from a write log (`Ftl::record_writes`): the host page
-/// writes from it until its LPN is next written or trimmed (u64::MAX: never).
-pub fn lifetimes_from_log(log: &[u64], logical_pages: u64) -> Vec<u64> {
-    let writes = log.iter().filter(|&&e| e & TRIMMED == 0).count();
-    let mut lifetimes = vec![u64::MAX; writes];
-    // Backwards: the write count at each LPN's next event.
-    let mut next_event = vec![u64::MAX; logical_pages as usize];
-    let mut k = writes as u64;
-    for &e in log.iter().rev() {
-        let lpn = (e & !TRIMMED) as usize;
-        if e & TRIMMED != 0 {
-            next_event[lpn] = k;
-        } else {
-            k -= 1;
-            let next = next_event[lpn];
-            if next != u64::MAX {
-                lifetimes[k as usize] = next - k;
-            }
-            next_event[lpn] = k;
-        }
-    }
-    lifetimes
-}
-
-/// Ideal placement's handle for each write: the lifetimes split into `handles` bins of equal
-/// numbers of writes (quantiles; ties kept together), the shortest-lived in handle 0, data never
-/// overwritten in the last bin it reaches. Bins by the run's own distribution, so that every
-/// handle separates something whatever the workload's time scale.
-pub fn ideal_handles(lifetimes: &[u64], handles: u32) -> Vec<u8> {
-    let mut sorted = lifetimes.to_vec();
-    sorted.sort_unstable();
-    let h = handles.max(1) as usize;
-    // Bin i takes lifetimes below thresholds[i] (and at least the previous one).
-    let thresholds: Vec<u64> = (1..h)
-        .map(|i| {
-            sorted
-                .get(sorted.len() * i / h)
-                .copied()
-                .unwrap_or(u64::MAX)
-        })
-        .collect();
-    lifetimes
-        .iter()
-        .map(|&l| thresholds.iter().filter(|&&t| l >= t).count() as u8)
-        .collect()
-}
-
-const NEVER: u32 = u32::MAX;
 
 /// A frontier to program at: its index, the reclaim group its superblocks come from, and the
 /// placement they belong to.
@@ -148,8 +79,6 @@ pub struct Ftl<M: MappingTable> {
     persistent_handles: u64,
     gc_scope: GcScope,
     placer: Placer,
-    /// Host pages placed so far (the auto and ideal placers' clock; never reset).
-    host_pages_placed: u64,
     ru_time_limit_ns: u64,
     /// Foreground GC while fewer superblocks than this are free.
     gc_foreground_below: u32,
@@ -210,17 +139,7 @@ impl<M: MappingTable> Ftl<M> {
         let frontiers_per_group = geometry.handles as usize * 2 + 1;
         let frontiers = geometry.reclaim_groups as usize * frontiers_per_group
             + usize::from(translation.is_some());
-        let placer = match config.fdp.placement {
-            PlacementPolicy::Host => Placer::Host,
-            PlacementPolicy::Auto => Placer::Auto {
-                last_write: vec![NEVER; geometry.logical_pages as usize],
-            },
-            // The handles come later, from whoever knows the requests (`use_lifetimes`).
-            PlacementPolicy::Ideal => Placer::Ideal {
-                handles: Vec::new(),
-                next: 0,
-            },
-        };
+        let placer = Placer::new(config.fdp.placement, &geometry);
         Self {
             map,
             lpn_of_ppn: crate::table::filled(geometry.physical_pages as usize, Lpn::NONE),
@@ -248,7 +167,6 @@ impl<M: MappingTable> Ftl<M> {
             persistent_handles: geometry.persistent_handles,
             gc_scope: config.fdp.gc_scope,
             placer,
-            host_pages_placed: 0,
             ru_time_limit_ns: config.fdp.ru_time_limit_ns,
             gc_foreground_below,
             gc_background_below,
@@ -312,12 +230,7 @@ impl<M: MappingTable> Ftl<M> {
             + self.blocks.heap_bytes()
             + self.buffer.heap_bytes()
             + self.translation.as_ref().map_or(0, |t| t.heap_bytes())
-            + match &self.placer {
-                Placer::Host => 0,
-                Placer::Auto { last_write } => last_write.capacity() * 4,
-                // The oracle's table is the simulator's knowledge, not the device's DRAM.
-                Placer::Ideal { .. } | Placer::Record { .. } => 0,
-            }
+            + self.placer.heap_bytes()
     }
 
     /// Ideal placement (`fdp.placement = "ideal"`): the lifetime of each host page write to
@@ -325,25 +238,18 @@ impl<M: MappingTable> Ftl<M> {
     /// trimmed (u64::MAX: never), binned by [`ideal_handles`]. Pages beyond the list go to the
     /// coldest handle.
     pub fn use_lifetimes(&mut self, lifetimes: Vec<u64>) {
-        let placements = ideal_handles(&lifetimes, self.handles);
-        if let Placer::Ideal { handles, next } = &mut self.placer {
-            *handles = placements;
-            *next = 0;
-        }
+        self.placer.use_lifetimes(&lifetimes);
     }
 
     /// Records every host page write's LPN and every trim from now on, placing writes where
     /// the host asks: the first pass of ideal placement ([`lifetimes_from_log`]).
     pub fn record_writes(&mut self) {
-        self.placer = Placer::Record { log: Vec::new() };
+        self.placer = Placer::record(&self.geometry);
     }
 
     /// The log `record_writes` kept (empty otherwise).
     pub fn take_write_log(&mut self) -> Vec<u64> {
-        match &mut self.placer {
-            Placer::Record { log } => std::mem::take(log),
-            _ => Vec::new(),
-        }
+        self.placer.take_write_log()
     }
 
     /// Pages still available in each handle's open reclaim units (host frontiers, all reclaim
@@ -488,14 +394,14 @@ impl<M: MappingTable> Ftl<M> {
         match request.op {
             Op::Write => {
                 // The host's placement (the common case) is the request's, page after page.
-                let by_host = matches!(self.placer, Placer::Host);
+                let by_host = self.placer.is_host();
                 for lpn in span.touched() {
                     let partial = !span.is_whole(lpn);
                     let lpn = Lpn::new(lpn as u32);
                     let placement = if by_host {
                         placement
                     } else {
-                        self.place(placement, lpn)
+                        self.placer.place(placement, lpn)
                     };
                     let t = self.write_page(lpn, placement, partial, now_ns);
                     done_ns = done_ns.max(t);
@@ -517,62 +423,6 @@ impl<M: MappingTable> Ftl<M> {
             Op::Flush => unreachable!(),
         }
         Ok(done_ns)
-    }
-
-    /// The placement of a host write of `lpn` the host asked to place at `asked`.
-    #[inline(always)]
-    fn place(&mut self, asked: Placement, lpn: Lpn) -> Placement {
-        let interval = match &mut self.placer {
-            Placer::Host => return asked,
-            Placer::Record { log } => {
-                log.push(u64::from(lpn.get()));
-                return asked;
-            }
-            Placer::Auto { last_write } => {
-                let now = self.host_pages_placed;
-                self.host_pages_placed += 1;
-                let last = std::mem::replace(&mut last_write[lpn.index()], now as u32);
-                if last == NEVER {
-                    u64::MAX
-                } else {
-                    u64::from((now as u32).wrapping_sub(last))
-                }
-            }
-            Placer::Ideal { handles, next } => {
-                // Beyond the first pass's writes (a run cut at another time): the coldest.
-                let handle = handles
-                    .get(*next)
-                    .copied()
-                    .unwrap_or((self.handles - 1) as u8);
-                *next += 1;
-                return Placement {
-                    reclaim_group: asked.reclaim_group,
-                    handle,
-                };
-            }
-        };
-        Placement {
-            reclaim_group: asked.reclaim_group,
-            handle: self.temperature_handle(interval),
-        }
-    }
-
-    /// The handle for data rewritten after `interval` host page writes: handle `h` of `H` takes
-    /// intervals below logical_pages / 4^(H-1-h), the last handle the rest. Geometric bins, so
-    /// that two to eight handles span hot (a few percent of the device between rewrites) to
-    /// cold (never rewritten) on any device size.
-    #[inline]
-    fn temperature_handle(&self, interval: u64) -> u8 {
-        let last = self.handles - 1;
-        let mut handle = 0;
-        while handle < last {
-            let shift = (2 * (last - handle)).min(63);
-            if interval < self.geometry.logical_pages >> shift {
-                break;
-            }
-            handle += 1;
-        }
-        handle as u8
     }
 
     fn read_page(&mut self, lpn: Lpn, now_ns: u64) -> u64 {
@@ -651,9 +501,7 @@ impl<M: MappingTable> Ftl<M> {
 
     fn trim_page(&mut self, lpn: Lpn, now_ns: u64) {
         self.stats.host_trim_pages += 1;
-        if let Placer::Record { log } = &mut self.placer {
-            log.push(u64::from(lpn.get()) | TRIMMED);
-        }
+        self.placer.trimmed(lpn);
         self.buffer.discard(lpn);
         if self.translation.is_some() && self.map.get_uncounted(lpn.get()).is_some() {
             // The entry changes: its translation page becomes dirty.
@@ -1556,7 +1404,7 @@ mod fdp_tests {
     fn lifetimes_count_host_writes_to_the_next_write_or_trim() {
         // Writes: 0:a, 1:b, 2:a, (trim b), 3:c, 4:a.
         let (a, b, c) = (0u64, 1u64, 2u64);
-        let log = [a, b, a, b | TRIMMED, c, a];
+        let log = [a, b, a, b | placer::TRIMMED, c, a];
         assert_eq!(
             lifetimes_from_log(&log, 3),
             vec![2, 2, 2, u64::MAX, u64::MAX]
