@@ -67,8 +67,18 @@ pub struct ServeArgs {
     /// symbolic link is resolved once at start, and the save replaces its target (written beside
     /// the target, then renamed), leaving the link as it is. A device node, FIFO, socket or
     /// directory is refused.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "data")]
     image: Option<PathBuf>,
+    /// Keep the device in this directory (created when absent): every write and trim is
+    /// appended to a checksummed log, made durable per --durability, and replayed at the next
+    /// start, after a crash too (a torn tail that no FLUSH acknowledged is dropped and said;
+    /// damage before a FLUSH's commit refuses to start). docs/serve.md, "A durable device".
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// With --data: when the log is synced (fdatasync) before answering: flush (FLUSH and FUA
+    /// writes; concurrent flushes share one sync), always (every write and trim too), never.
+    #[arg(long, default_value = "flush", value_parser = ftlab_server::Durability::parse)]
+    durability: ftlab_server::Durability,
     /// Accept an --image smaller than the export (an empty file included): the pages past its
     /// end read as zeros, and the save writes it at the export's full size. Without this flag a
     /// size mismatch is refused, since a truncated image would silently lose its missing part
@@ -242,8 +252,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     .then(|| Duration::from_secs_f64(args.idle_timeout)),
             },
             read_only: args.read_only,
+            data: args.data.clone(),
+            durability: args.durability,
         },
     )?);
+    if let Some(summary) = device.recovery_summary() {
+        eprintln!("ftlab serve: {summary}");
+    }
     // Where the image is loaded from and saved to: a symbolic link's target, resolved once.
     let image = match &args.image {
         Some(path) => {

@@ -72,6 +72,83 @@ pub struct DeviceOptions {
     pub limits: ConnectionLimits,
     /// Export read-only (`NBD_FLAG_READ_ONLY`): writes, trims and zeroes are refused with EPERM.
     pub read_only: bool,
+    /// Keep the device in this directory's log (docs/serve.md, "A durable device"): recovered
+    /// at start, every write and trim appended, FLUSH and FUA made durable per `durability`.
+    pub data: Option<std::path::PathBuf>,
+    pub durability: Durability,
+}
+
+/// When the device log is made durable (`fdatasync`), with `data`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// At each FLUSH and FUA write, before it is answered (concurrent flushes share one sync).
+    #[default]
+    Flush,
+    /// After every write, trim and flush, before it is answered.
+    Always,
+    /// Never: FLUSH is answered at once; a crash loses what the OS had not written back.
+    Never,
+}
+
+impl Durability {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "flush" => Ok(Self::Flush),
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => Err(format!("`{other}`: durability is flush, always or never")),
+        }
+    }
+}
+
+/// The device log of a durable device, and what recovery found at start.
+struct Durable {
+    log: Mutex<ftlab_store::log::LogWriter>,
+    /// The last record known durable (its sequence number).
+    synced_seq: AtomicU64,
+    syncs: AtomicU64,
+    mode: Durability,
+    dir: std::path::PathBuf,
+    recovered_records: u64,
+    dropped_bytes: u64,
+    dropped_why: Option<String>,
+}
+
+impl Durable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ftlab_store::log::LogWriter> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A failed append is the request's EIO: what was not logged is not acknowledged.
+    fn page(log: &mut ftlab_store::log::LogWriter, lpn: u64, page: &[u8]) -> Result<(), Errno> {
+        log.append_page(lpn, page).map(|_| ()).map_err(|_| p::EIO)
+    }
+
+    fn trim(log: &mut ftlab_store::log::LogWriter, lpn: u64, pages: u64) -> Result<(), Errno> {
+        // A trim record covers at most u32::MAX pages; longer trims take several.
+        let mut at = lpn;
+        let end = lpn + pages;
+        while at < end {
+            let n = (end - at).min(u64::from(u32::MAX));
+            log.append(ftlab_store::log::Kind::Trim, 0, at, n as u32, &[])
+                .map_err(|_| p::EIO)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Makes every record appended so far durable. A flush that finds its records already
+    /// synced by another (group commit) returns at once.
+    fn sync(&self) -> Result<(), Errno> {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let seq = log.commit().map_err(|_| p::EIO)?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.synced_seq.store(seq, Ordering::Release);
+        Ok(())
+    }
 }
 
 /// One export as configured: like an NVMe namespace, its own LBA space on the shared device,
@@ -173,6 +250,9 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// A device log segment is closed and a new one started past this size.
+const LOG_SEGMENT_BYTES: usize = 256 << 20;
+
 /// Eight requests of the largest size at once.
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
 
@@ -258,6 +338,8 @@ pub struct Device {
     /// The resolved configuration, for the statistics.
     config: Config,
     exports: Vec<Export>,
+    /// With `data`: the device log.
+    durable: Option<Durable>,
     /// Memory of requests in flight, over all connections.
     budget: budget::InflightBudget,
 }
@@ -299,6 +381,8 @@ pub enum DeviceError {
     Config(#[from] ftlab_core::config::ConfigError),
     #[error("{0}")]
     Export(String),
+    #[error("device log: {0}")]
+    Log(String),
     #[error(transparent)]
     Memory(#[from] ftlab_core::memory::MemoryError),
     #[error(transparent)]
@@ -437,10 +521,22 @@ impl Device {
             )?)),
             None => None,
         };
+        let mut ftl = ConfiguredFtl::new(config, &geometry);
+        let durable = match &options.data {
+            Some(dir) => Some(Self::recover(
+                dir,
+                &store,
+                &mut ftl,
+                &geometry,
+                options.durability,
+            )?),
+            None => None,
+        };
         Ok(Device {
+            durable,
             rmw: Mutex::new(()),
             state: Mutex::new(State {
-                ftl: ConfiguredFtl::new(config, &geometry),
+                ftl,
                 requests: 0,
                 record,
                 record_format: options.record_format,
@@ -463,6 +559,100 @@ impl Device {
             config: config.clone(),
             budget: inflight,
             exports,
+        })
+    }
+
+    /// Opens the device log in `dir` (created when absent), and replays what it holds into the
+    /// page store and the FTL model: the pages and trims, in order.
+    fn recover(
+        dir: &std::path::Path,
+        store: &PageStore,
+        ftl: &mut ConfiguredFtl,
+        geometry: &ftlab_core::geometry::Geometry,
+        mode: Durability,
+    ) -> Result<Durable, DeviceError> {
+        use ftlab_store::log::{Kind, LogWriter};
+        let (log, recovered) =
+            LogWriter::open(dir, LOG_SEGMENT_BYTES).map_err(|e| DeviceError::Log(e.to_string()))?;
+        let page_bytes = geometry.page_size_bytes as usize;
+        let logical = geometry.logical_pages;
+        let bad = |r: &ftlab_store::log::Record, why: &str| {
+            DeviceError::Log(format!(
+                "{}: record {} ({:?} at lpn {}): {why}",
+                dir.display(),
+                r.seq,
+                r.kind,
+                r.lpn
+            ))
+        };
+        for r in &recovered.records {
+            match r.kind {
+                Kind::Page => {
+                    if r.lpn >= logical {
+                        return Err(bad(
+                            r,
+                            "beyond this device's logical pages (another --set capacity?)",
+                        ));
+                    }
+                    let page = r
+                        .page(page_bytes)
+                        .ok_or_else(|| bad(r, "does not decode to a page of this device"))?;
+                    store.write(r.lpn, &page)?;
+                    let w =
+                        FtlRequest::new(0, Op::Write, r.lpn * page_bytes as u64, page_bytes as u64);
+                    ftl.submit(&w, 0).map_err(|e| bad(r, &e.to_string()))?;
+                }
+                Kind::Trim => {
+                    let end = r
+                        .lpn
+                        .checked_add(u64::from(r.pages))
+                        .filter(|&e| e <= logical);
+                    let Some(end) = end else {
+                        return Err(bad(r, "beyond this device's logical pages"));
+                    };
+                    for lpn in r.lpn..end {
+                        store.trim(lpn);
+                    }
+                    let t = FtlRequest::new(
+                        0,
+                        Op::Trim,
+                        r.lpn * page_bytes as u64,
+                        u64::from(r.pages) * page_bytes as u64,
+                    );
+                    ftl.submit(&t, 0).map_err(|e| bad(r, &e.to_string()))?;
+                }
+                Kind::Commit => {}
+            }
+        }
+        let synced = recovered.records.len() as u64;
+        Ok(Durable {
+            log: Mutex::new(log),
+            synced_seq: AtomicU64::new(synced),
+            syncs: AtomicU64::new(0),
+            mode,
+            dir: dir.to_path_buf(),
+            recovered_records: synced,
+            dropped_bytes: recovered.dropped_bytes,
+            dropped_why: recovered.dropped_why,
+        })
+    }
+
+    /// What recovery found, for the log at start: records replayed, and bytes dropped from a
+    /// torn tail (none of them acknowledged by a FLUSH) with the reason.
+    pub fn recovery_summary(&self) -> Option<String> {
+        let d = self.durable.as_ref()?;
+        Some(match &d.dropped_why {
+            Some(why) => format!(
+                "{}: replayed {} log records; dropped a {}-byte tail no FLUSH had acknowledged ({why})",
+                d.dir.display(),
+                d.recovered_records,
+                d.dropped_bytes
+            ),
+            None => format!(
+                "{}: replayed {} log records",
+                d.dir.display(),
+                d.recovered_records
+            ),
         })
     }
 
@@ -857,6 +1047,19 @@ impl Device {
             "client_latency_ns": self.client_latency(),
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
+            "durable": self.durable.as_ref().map(|d| {
+                let log = d.log.lock().unwrap_or_else(|p| p.into_inner());
+                serde_json::json!({
+                    "dir": d.dir.display().to_string(),
+                    "durability": format!("{:?}", d.mode).to_lowercase(),
+                    "records": log.last_seq(),
+                    "synced_records": d.synced_seq.load(Ordering::Relaxed),
+                    "syncs": d.syncs.load(Ordering::Relaxed),
+                    "segments": log.tail_segment() + 1,
+                    "recovered_records": d.recovered_records,
+                    "recovery_dropped_bytes": d.dropped_bytes,
+                })
+            }),
             "exports": self.exports.iter().map(|e| serde_json::json!({
                 "name": e.spec.name,
                 "base_bytes": e.base_bytes,
@@ -929,6 +1132,12 @@ impl Device {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if self.failure().is_none() {
             s.ftl.flush(now);
+            // A clean shutdown leaves the whole log durable, whatever the mode.
+            if let Some(d) = &self.durable {
+                d.sync().map_err(|_| {
+                    DeviceError::Log(format!("{}: the final sync failed", d.dir.display()))
+                })?;
+            }
         }
         let s = &mut *s;
         let record = match (&s.record_error, &mut s.record) {
@@ -1079,20 +1288,32 @@ impl Device {
                 let mut at = 0usize;
                 for lpn in touched {
                     let (a, b) = span.covered(lpn);
+                    // A durable device logs each change with the store's under the log's lock,
+                    // so the log's order of two writes to one page is the store's.
+                    let mut log = self.durable.as_ref().map(Durable::lock);
                     if b - a == self.page_bytes {
                         if zeroes {
                             self.store.trim(lpn);
+                            if let Some(log) = &mut log {
+                                Durable::trim(log, lpn, 1)?;
+                            }
                         } else if !batched {
-                            self.store
-                                .write(lpn, &payload[at..at + self.page_bytes])
-                                .map_err(store_errno)?;
+                            let bytes = &payload[at..at + self.page_bytes];
+                            self.store.write(lpn, bytes).map_err(store_errno)?;
+                            if let Some(log) = &mut log {
+                                Durable::page(log, lpn, bytes)?;
+                            }
                         } else if lpn == whole_first {
                             // The whole pages go as one batch, compressed in parallel.
                             let lpns: Vec<u64> = (whole_first..whole_end).collect();
                             let bytes = lpns.len() * self.page_bytes;
-                            self.store
-                                .write_batch(&lpns, &payload[at..at + bytes])
-                                .map_err(store_errno)?;
+                            let pages = &payload[at..at + bytes];
+                            self.store.write_batch(&lpns, pages).map_err(store_errno)?;
+                            if let Some(log) = &mut log {
+                                for (&l, bytes) in lpns.iter().zip(pages.chunks(self.page_bytes)) {
+                                    Durable::page(log, l, bytes)?;
+                                }
+                            }
                         }
                     } else {
                         let _rmw = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
@@ -1104,13 +1325,20 @@ impl Device {
                             page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
                         }
                         self.store.write(lpn, &page).map_err(store_errno)?;
+                        if let Some(log) = &mut log {
+                            Durable::page(log, lpn, &page)?;
+                        }
                     }
                     at += b - a;
                 }
             }
             p::CMD_TRIM => {
+                let mut log = self.durable.as_ref().map(Durable::lock);
                 for lpn in whole_first..whole_end {
                     self.store.trim(lpn);
+                }
+                if let Some(log) = &mut log {
+                    Durable::trim(log, whole_first, whole_end - whole_first)?;
                 }
             }
             _ => {}
@@ -1152,8 +1380,21 @@ impl Device {
             done = done.max(state.submit(request, self.unix_start_ns)?);
         }
         let writes = matches!(r.command, p::CMD_WRITE | p::CMD_WRITE_ZEROES);
-        if writes && r.flags & p::CMD_FLAG_FUA != 0 {
+        let fua = writes && r.flags & p::CMD_FLAG_FUA != 0;
+        if fua {
             done = done.max(state.submit(piece(Op::Flush, 0, 0), self.unix_start_ns)?);
+        }
+        drop(state);
+        // Durable before it is answered: a FLUSH, an FUA write, or with `always` any change.
+        if let Some(d) = &self.durable {
+            let due = match d.mode {
+                Durability::Flush => fua || r.command == p::CMD_FLUSH,
+                Durability::Always => fua || r.command != p::CMD_READ,
+                Durability::Never => false,
+            };
+            if due {
+                d.sync()?;
+            }
         }
         Ok(done - now)
     }

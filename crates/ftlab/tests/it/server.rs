@@ -56,6 +56,8 @@ fn options() -> DeviceOptions {
         mem_limit_bytes: None,
         limits: Default::default(),
         read_only: false,
+        data: None,
+        durability: Default::default(),
     }
 }
 
@@ -1196,4 +1198,124 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
         stats["exports"][0]["placement_handles"],
         serde_json::json!([2])
     );
+}
+
+/// `ftlab serve --data DIR` killed with SIGKILL while a client writes, rounds in a row: each
+/// restart replays the log, and every page reads back as what the last FLUSH covered or as a
+/// later write (never older, never anything else); a trim before a FLUSH stays trimmed.
+#[test]
+fn a_killed_durable_server_keeps_every_flushed_write() {
+    /// Killed on drop, so a failing round leaves no server behind.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let dir = temp_dir("durable");
+    let (sock, data) = (dir.join("nbd.sock"), dir.join("data"));
+    let start = || {
+        let _ = std::fs::remove_file(&sock);
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(["serve", "--no-tcp", "--unix"])
+            .arg(&sock)
+            .arg("--data")
+            .arg(&data)
+            .args(["--set", "capacity.logical_bytes=67108864"])
+            .args([
+                "--set",
+                "flash.blocks_per_die=4",
+                "--set",
+                "flash.superblock_dies=1",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let child = Server(child);
+        for _ in 0..200 {
+            if sock.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        greet(&mut s);
+        option(&mut s, p::OPT_GO, &go_data("ftlab"));
+        while option_reply(&mut s).0 != p::REP_ACK {}
+        let client = Client {
+            s,
+            cookie: 0,
+            structured: false,
+            last_error_message: String::new(),
+        };
+        (child, client)
+    };
+    let pages = 256u64;
+    let page = |lpn: u64, version: u64| -> Vec<u8> {
+        (0..4096u64)
+            .map(|i| (lpn * 31 + version * 7 + i / 64) as u8)
+            .collect()
+    };
+    // Per LPN: the version the last FLUSH covered (0: never written or trimmed) and the
+    // versions written since.
+    let mut flushed = vec![0u64; pages as usize];
+    let mut since: Vec<Vec<u64>> = vec![Vec::new(); pages as usize];
+    let mut rng = SplitMix64::new(23);
+    let mut version = 0;
+    for round in 0..4 {
+        let (mut child, mut c) = start();
+        // What survived the last kill.
+        for lpn in 0..pages {
+            let (err, got) = c.request(p::CMD_READ, 0, lpn * 4096, 4096, &[]);
+            assert_eq!(err, 0);
+            let allowed: Vec<u64> = std::iter::once(flushed[lpn as usize])
+                .chain(since[lpn as usize].iter().copied())
+                .collect();
+            let which = allowed.iter().find(|&&v| {
+                if v == 0 {
+                    got.iter().all(|&b| b == 0)
+                } else {
+                    got == page(lpn, v)
+                }
+            });
+            let Some(&v) = which else {
+                panic!("round {round}: lpn {lpn} holds none of versions {allowed:?}");
+            };
+            flushed[lpn as usize] = v;
+            since[lpn as usize].clear();
+        }
+        // New writes and trims; a FLUSH every 16; the server killed mid-stream.
+        let operations = 200 + rng.bounded(100);
+        for i in 0..operations {
+            let lpn = rng.bounded(pages);
+            if rng.bounded(10) == 0 {
+                assert_eq!(c.request(p::CMD_TRIM, 0, lpn * 4096, 4096, &[]).0, 0);
+                since[lpn as usize].push(0);
+            } else {
+                version += 1;
+                let data = page(lpn, version);
+                assert_eq!(c.request(p::CMD_WRITE, 0, lpn * 4096, 4096, &data).0, 0);
+                since[lpn as usize].push(version);
+            }
+            if i % 16 == 15 {
+                assert_eq!(c.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+                for (f, s) in flushed.iter_mut().zip(&mut since) {
+                    if let Some(&last) = s.last() {
+                        *f = last;
+                        s.clear();
+                    }
+                }
+            }
+        }
+        child.0.kill().unwrap();
+        let mut stderr = String::new();
+        child.0.wait().unwrap();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+        if round > 0 {
+            assert!(stderr.contains("log records"), "{stderr}");
+        }
+    }
 }
