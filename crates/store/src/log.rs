@@ -371,6 +371,87 @@ pub fn recover(dir: &Path) -> Result<Recovered, LogError> {
     Ok(out)
 }
 
+/// What `repair` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Repaired {
+    /// Records that verify and are kept.
+    pub kept_records: u64,
+    /// Files set aside (renamed to `NAME.damaged`, never deleted): the damaged segment's
+    /// original and every segment after it.
+    pub set_aside: Vec<PathBuf>,
+    /// Bytes cut from the damaged segment (its copy is among `set_aside`).
+    pub cut_bytes: u64,
+}
+
+/// Salvages what verifies: the records before the first damage (a bad record, a missing or
+/// misnamed segment). The damaged segment is copied to `NAME.damaged` and cut at its last good
+/// record; every later segment is renamed to `NAME.damaged`. Nothing is deleted. Afterwards
+/// `recover` succeeds.
+pub fn repair(dir: &Path) -> Result<Repaired, LogError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |cause| LogError::Io { path, cause }
+    };
+    let indices = segment_indices(dir)?;
+    let mut out = Repaired::default();
+    let mut damaged_from = None;
+    let mut first_seq = 1;
+    for (k, &index) in indices.iter().enumerate() {
+        let path = segment_path(dir, index);
+        if index != k as u64 {
+            damaged_from = Some(k);
+            break;
+        }
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        match scan_segment(&bytes, index, first_seq) {
+            Err(_) => {
+                damaged_from = Some(k);
+                break;
+            }
+            Ok(scan) => {
+                out.kept_records += scan.records.len() as u64;
+                first_seq += scan.records.len() as u64;
+                if scan.stopped.is_some() {
+                    let aside = aside_path(&path);
+                    std::fs::copy(&path, &aside).map_err(io(&aside))?;
+                    out.set_aside.push(aside);
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(io(&path))?;
+                    file.set_len(scan.valid_bytes as u64).map_err(io(&path))?;
+                    file.sync_all().map_err(io(&path))?;
+                    out.cut_bytes = (bytes.len() - scan.valid_bytes) as u64;
+                    damaged_from = Some(k + 1);
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(from) = damaged_from {
+        for &index in &indices[from..] {
+            let path = segment_path(dir, index);
+            let aside = aside_path(&path);
+            std::fs::rename(&path, &aside).map_err(io(&path))?;
+            out.set_aside.push(aside);
+        }
+        sync_dir(dir)?;
+    }
+    Ok(out)
+}
+
+/// `PATH.damaged`, or `PATH.damaged.N` for the first N free: an earlier repair's copy is kept.
+fn aside_path(path: &Path) -> PathBuf {
+    let base = path.with_extension("log.damaged");
+    (1..)
+        .map(|n| match n {
+            1 => base.clone(),
+            n => PathBuf::from(format!("{}.{n}", base.display())),
+        })
+        .find(|p| !p.exists())
+        .expect("some name is free")
+}
+
 /// Appends records to the last segment of a directory, starting a new segment past
 /// `segment_bytes`.
 pub struct LogWriter {
@@ -688,5 +769,28 @@ mod tests {
         assert_eq!(r.records[0].page(4096).unwrap(), text);
         assert_eq!(r.records[1].page(4096).unwrap(), noise);
         assert_eq!(r.records[1].page(8192), None);
+    }
+
+    /// Repair keeps the records before the damage, sets the rest aside (nothing deleted), and
+    /// the directory then recovers.
+    #[test]
+    fn repair_salvages_what_verifies_and_deletes_nothing() {
+        let dir = log_with(100, 10, 2048);
+        let segments = recover(dir.path()).unwrap().segments;
+        let path = segment_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[SEGMENT_HEADER_BYTES + 10] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(recover(dir.path()).is_err());
+        let r = repair(dir.path()).unwrap();
+        let kept = recover(dir.path()).unwrap();
+        assert_eq!(kept.records.len() as u64, r.kept_records);
+        assert!(r.kept_records > 0);
+        // The damaged segment's copy and every later segment, set aside.
+        assert_eq!(r.set_aside.len() as u64, 1 + segments - 2);
+        for p in &r.set_aside {
+            assert!(p.exists(), "{}", p.display());
+        }
+        assert_eq!(repair(dir.path()).unwrap().set_aside.len(), 0);
     }
 }
