@@ -103,7 +103,10 @@ impl Durability {
 
 /// The device log of a durable device, and what recovery found at start.
 struct Durable {
-    log: Mutex<ftlab_store::log::LogWriter>,
+    /// None when the device is read-only: the directory is read, never written (not even a
+    /// torn tail cut).
+    log: Option<Mutex<ftlab_store::log::LogWriter>>,
+    segments: u64,
     /// The last record known durable (its sequence number).
     synced_seq: AtomicU64,
     syncs: AtomicU64,
@@ -115,8 +118,13 @@ struct Durable {
 }
 
 impl Durable {
+    /// The log, to append to: a read-only device refuses every change before it gets here.
     fn lock(&self) -> std::sync::MutexGuard<'_, ftlab_store::log::LogWriter> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+        self.log
+            .as_ref()
+            .expect("changes are refused on a read-only device")
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// A failed append is the request's EIO: what was not logged is not acknowledged.
@@ -140,7 +148,10 @@ impl Durable {
     /// Makes every record appended so far durable. A flush that finds its records already
     /// synced by another (group commit) returns at once.
     fn sync(&self) -> Result<(), Errno> {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(log) = &self.log else {
+            return Ok(());
+        };
+        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
         if log.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -529,6 +540,7 @@ impl Device {
                 &mut ftl,
                 &geometry,
                 options.durability,
+                options.read_only,
             )?),
             None => None,
         };
@@ -570,10 +582,16 @@ impl Device {
         ftl: &mut ConfiguredFtl,
         geometry: &ftlab_core::geometry::Geometry,
         mode: Durability,
+        read_only: bool,
     ) -> Result<Durable, DeviceError> {
         use ftlab_store::log::{Kind, LogWriter};
-        let (log, recovered) =
-            LogWriter::open(dir, LOG_SEGMENT_BYTES).map_err(|e| DeviceError::Log(e.to_string()))?;
+        let log_error = |e: ftlab_store::log::LogError| DeviceError::Log(e.to_string());
+        let (log, recovered) = if read_only {
+            (None, ftlab_store::log::recover(dir).map_err(log_error)?)
+        } else {
+            let (log, recovered) = LogWriter::open(dir, LOG_SEGMENT_BYTES).map_err(log_error)?;
+            (Some(Mutex::new(log)), recovered)
+        };
         let page_bytes = geometry.page_size_bytes as usize;
         let logical = geometry.logical_pages;
         let bad = |r: &ftlab_store::log::Record, why: &str| {
@@ -626,7 +644,8 @@ impl Device {
         }
         let synced = recovered.records.len() as u64;
         Ok(Durable {
-            log: Mutex::new(log),
+            log,
+            segments: recovered.segments,
             synced_seq: AtomicU64::new(synced),
             syncs: AtomicU64::new(0),
             mode,
@@ -1048,14 +1067,20 @@ impl Device {
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
             "durable": self.durable.as_ref().map(|d| {
-                let log = d.log.lock().unwrap_or_else(|p| p.into_inner());
+                let (records, segments) = match &d.log {
+                    Some(log) => {
+                        let log = log.lock().unwrap_or_else(|p| p.into_inner());
+                        (log.last_seq(), log.tail_segment() + 1)
+                    }
+                    None => (d.recovered_records, d.segments),
+                };
                 serde_json::json!({
                     "dir": d.dir.display().to_string(),
                     "durability": format!("{:?}", d.mode).to_lowercase(),
-                    "records": log.last_seq(),
+                    "records": records,
                     "synced_records": d.synced_seq.load(Ordering::Relaxed),
                     "syncs": d.syncs.load(Ordering::Relaxed),
-                    "segments": log.tail_segment() + 1,
+                    "segments": segments,
                     "recovered_records": d.recovered_records,
                     "recovery_dropped_bytes": d.dropped_bytes,
                 })

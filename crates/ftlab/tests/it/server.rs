@@ -1351,4 +1351,73 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
         "{text}"
     );
     assert!(check(false).0);
+    // Read-only: served and flushed, writes refused, the directory left byte for byte.
+    let files = || {
+        let mut v: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&data)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                let bytes = std::fs::read(&p).unwrap();
+                (p, bytes)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    // A torn tail, which a writable start would cut off.
+    let last = files()
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap();
+    let mut torn = std::fs::read(&last).unwrap();
+    torn.extend_from_slice(b"FTLRtorn tail");
+    std::fs::write(&last, &torn).unwrap();
+    let before = files();
+    let _ = std::fs::remove_file(&sock);
+    let server = Server(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(["serve", "--no-tcp", "--read-only", "--unix"])
+            .arg(&sock)
+            .arg("--data")
+            .arg(&data)
+            .args(["--set", "capacity.logical_bytes=67108864"])
+            .args([
+                "--set",
+                "flash.blocks_per_die=4",
+                "--set",
+                "flash.superblock_dies=1",
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..200 {
+        if sock.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut s = UnixStream::connect(&sock).unwrap();
+    greet(&mut s);
+    option(&mut s, p::OPT_GO, &go_data("ftlab"));
+    while option_reply(&mut s).0 != p::REP_ACK {}
+    let mut c = Client {
+        s,
+        cookie: 0,
+        structured: false,
+        last_error_message: String::new(),
+    };
+    assert_eq!(c.request(p::CMD_READ, 0, 0, 4096, &[]).0, 0);
+    assert_eq!(c.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+    assert_eq!(
+        c.request(p::CMD_WRITE, 0, 0, 4096, &[0u8; 4096]).0,
+        p::EPERM
+    );
+    drop(server);
+    assert!(
+        files() == before,
+        "a read-only server changed its --data directory"
+    );
 }
