@@ -101,12 +101,13 @@ pub enum LogError {
         before: u64,
         after: u64,
     },
-    #[error("{path}: the record at byte {offset} is corrupt ({why}) and a commit follows it at byte {commit_offset}: acknowledged data is damaged; `ftlab check --repair` salvages what verifies")]
+    #[error("{path}: the record at byte {offset} is corrupt ({why}) and {after}: acknowledged data is damaged; `ftlab check --repair` salvages what verifies")]
     CorruptBeforeCommit {
         path: PathBuf,
         offset: usize,
         why: String,
-        commit_offset: usize,
+        /// What shows the damage was acknowledged: a commit after it, or a later segment.
+        after: String,
     },
 }
 
@@ -346,17 +347,17 @@ pub fn recover(dir: &Path) -> Result<Recovered, LogError> {
         if let Some((offset, why)) = scan.stopped {
             // Damage with a commit after it, or in any segment but the last (whose successors
             // were written after it was complete), lost acknowledged data.
-            let commit_offset = match scan.commit_after_stop {
-                Some(c) => Some(c),
-                None if !last => Some(bytes.len()),
+            let after = match scan.commit_after_stop {
+                Some(c) => Some(format!("a commit follows it at byte {c}")),
+                None if !last => Some("later segments follow it".to_string()),
                 None => None,
             };
-            if let Some(commit_offset) = commit_offset {
+            if let Some(after) = after {
                 return Err(LogError::CorruptBeforeCommit {
                     path,
                     offset,
                     why,
-                    commit_offset,
+                    after,
                 });
             }
             out.dropped_bytes = (bytes.len() - scan.valid_bytes) as u64;
