@@ -387,13 +387,7 @@ fn draw<DB: DrawingBackend>(
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        crate::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         // Traffic per host page at the largest buffer.
         let buffer = args.buffers_mib.iter().copied().max().unwrap_or(0);
         let bars: Vec<(f64, [f64; 4])> = points
@@ -437,13 +431,7 @@ fn draw<DB: DrawingBackend>(
                 .label(*name)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], fill.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        crate::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     root.present().map_err(err)?;
     Ok(())

@@ -254,13 +254,7 @@ fn draw<DB: DrawingBackend>(
                 .label(name.to_string())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        crate::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         // Steady-state bars.
         let bars: Vec<(&str, f64)> = here
             .iter()

@@ -76,7 +76,7 @@ fn waf_axis(rows: &[ftlab_sim::report::SeriesRow]) -> (f64, usize) {
 }
 
 /// The series' labels, in one style for every panel.
-fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
     position: SeriesLabelPosition,
 ) -> Result<()> {

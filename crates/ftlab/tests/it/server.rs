@@ -227,6 +227,15 @@ impl Client {
         (error, d)
     }
 
+    /// NBD_CMD_DISC: no reply; the server ends the connection in order.
+    fn disconnect(&mut self) {
+        let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
+        m.extend_from_slice(&[0u8; 20]);
+        self.s.write_all(&m).unwrap();
+    }
+
     /// The rest of a one-chunk structured reply (the magic is read).
     fn structured_reply(&mut self, offset: u64) -> (u32, Vec<u8>) {
         let mut h = [0u8; 16];
@@ -483,11 +492,7 @@ fn protocol_abuse_closes_only_the_abusive_connection() {
     // The well-behaved connection kept working throughout.
     assert_eq!(good.request(p::CMD_READ, 0, 4096, 4096, &[]).1, data);
     // NBD_CMD_DISC has no reply: the server ends the connection in order.
-    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
-    m.extend_from_slice(&0u16.to_be_bytes());
-    m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
-    m.extend_from_slice(&[0u8; 20]);
-    good.s.write_all(&m).unwrap();
+    good.disconnect();
     assert_eq!(good_h.join().unwrap(), Ok(()));
 }
 
@@ -1005,12 +1010,9 @@ fn a_read_only_export_refuses_writes_with_eperm() {
     assert_eq!(device.ftl_stats().1.host_write_pages, 0);
 }
 
-/// Opens export `name` (structured replies off); returns the client and the size GO gave.
-fn open_export(
-    device: &Arc<Device>,
-    name: &str,
-) -> (Client, std::thread::JoinHandle<Result<(), String>>, u64) {
-    let (mut s, h) = connect(device);
+/// Over a fresh connection `s`: the greeting, then GO for export `name` (structured replies
+/// off); the client and the size GO gave.
+fn go(mut s: UnixStream, name: &str) -> (Client, u64) {
     greet(&mut s);
     option(&mut s, p::OPT_GO, &go_data(name));
     let mut size = 0;
@@ -1031,6 +1033,17 @@ fn open_export(
         structured: false,
         last_error_message: String::new(),
     };
+    (client, size)
+}
+
+/// Opens export `name` of an in-process device; returns the client, the connection's thread
+/// and the size GO gave.
+fn open_export(
+    device: &Arc<Device>,
+    name: &str,
+) -> (Client, std::thread::JoinHandle<Result<(), String>>, u64) {
+    let (s, h) = connect(device);
+    let (client, size) = go(s, name);
     (client, h, size)
 }
 
@@ -1114,13 +1127,8 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
     // The db's first page is still its own after the wal wrote its last.
     assert_eq!(db.request(p::CMD_READ, 0, 0, 4096, &[]).1, b[..4096]);
     // NBD_CMD_DISC (no reply) ends each connection in order.
-    for c in [&mut wal, &mut db] {
-        let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&0u16.to_be_bytes());
-        m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
-        m.extend_from_slice(&[0u8; 20]);
-        c.s.write_all(&m).unwrap();
-    }
+    wal.disconnect();
+    db.disconnect();
     hw.join().unwrap().unwrap();
     hd.join().unwrap().unwrap();
 
@@ -1186,11 +1194,7 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
     let device = Arc::new(Device::new(&c, listed).unwrap());
     let (mut x, hx, _) = open_export(&device, "x");
     assert_eq!(x.request(p::CMD_WRITE, 0, 0, 4096, &a[..4096]).0, 0);
-    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
-    m.extend_from_slice(&0u16.to_be_bytes());
-    m.extend_from_slice(&p::CMD_DISC.to_be_bytes());
-    m.extend_from_slice(&[0u8; 20]);
-    x.s.write_all(&m).unwrap();
+    x.disconnect();
     hx.join().unwrap().unwrap();
     let stats = device.stats_json();
     assert_eq!(stats["fdp"]["placements"][2]["host_pages"], 1);
@@ -1215,21 +1219,19 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
     }
     let dir = temp_dir("durable");
     let (sock, data) = (dir.join("nbd.sock"), dir.join("data"));
-    let start = || {
+    // `ftlab serve --data` (and `extra`) on a fresh socket, and a client of it.
+    let start = |extra: &[&str], stderr: std::process::Stdio| {
         let _ = std::fs::remove_file(&sock);
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
             .args(["serve", "--no-tcp", "--unix"])
             .arg(&sock)
             .arg("--data")
             .arg(&data)
+            .args(extra)
             .args(["--set", "capacity.logical_bytes=67108864"])
-            .args([
-                "--set",
-                "flash.blocks_per_die=4",
-                "--set",
-                "flash.superblock_dies=1",
-            ])
-            .stderr(std::process::Stdio::piped())
+            .args(["--set", "flash.blocks_per_die=4"])
+            .args(["--set", "flash.superblock_dies=1"])
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let child = Server(child);
@@ -1239,19 +1241,10 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let mut s = UnixStream::connect(&sock).unwrap();
+        let s = UnixStream::connect(&sock).unwrap();
         s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
             .unwrap();
-        greet(&mut s);
-        option(&mut s, p::OPT_GO, &go_data("ftlab"));
-        while option_reply(&mut s).0 != p::REP_ACK {}
-        let client = Client {
-            s,
-            cookie: 0,
-            structured: false,
-            last_error_message: String::new(),
-        };
-        (child, client)
+        (child, go(s, "ftlab").0)
     };
     let pages = 256u64;
     let page = |lpn: u64, version: u64| -> Vec<u8> {
@@ -1266,7 +1259,7 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
     let mut rng = SplitMix64::new(23);
     let mut version = 0;
     for round in 0..4 {
-        let (mut child, mut c) = start();
+        let (mut child, mut c) = start(&[], std::process::Stdio::piped());
         // What survived the last kill.
         for lpn in 0..pages {
             let (err, got) = c.request(p::CMD_READ, 0, lpn * 4096, 4096, &[]);
@@ -1375,40 +1368,7 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
     torn.extend_from_slice(b"FTLRtorn tail");
     std::fs::write(&last, &torn).unwrap();
     let before = files();
-    let _ = std::fs::remove_file(&sock);
-    let server = Server(
-        std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
-            .args(["serve", "--no-tcp", "--read-only", "--unix"])
-            .arg(&sock)
-            .arg("--data")
-            .arg(&data)
-            .args(["--set", "capacity.logical_bytes=67108864"])
-            .args([
-                "--set",
-                "flash.blocks_per_die=4",
-                "--set",
-                "flash.superblock_dies=1",
-            ])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    for _ in 0..200 {
-        if sock.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let mut s = UnixStream::connect(&sock).unwrap();
-    greet(&mut s);
-    option(&mut s, p::OPT_GO, &go_data("ftlab"));
-    while option_reply(&mut s).0 != p::REP_ACK {}
-    let mut c = Client {
-        s,
-        cookie: 0,
-        structured: false,
-        last_error_message: String::new(),
-    };
+    let (server, mut c) = start(&["--read-only"], std::process::Stdio::null());
     assert_eq!(c.request(p::CMD_READ, 0, 0, 4096, &[]).0, 0);
     assert_eq!(c.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
     assert_eq!(

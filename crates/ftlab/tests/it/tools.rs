@@ -75,6 +75,15 @@ impl Drop for Server {
     }
 }
 
+/// fio with its nbd ioengine.
+fn have_fio_nbd() -> bool {
+    have("fio")
+        && Command::new("fio")
+            .arg("--enghelp")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"))
+}
+
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let text = format!(
@@ -88,12 +97,7 @@ fn run(cmd: &mut Command) -> String {
 
 #[test]
 fn fio_randwrite_and_randrw_verify_over_the_whole_device() {
-    if !have("fio")
-        || !Command::new("fio")
-            .arg("--enghelp")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"))
-    {
+    if !have_fio_nbd() {
         return skip(
             "fio_randwrite_and_randrw_verify_over_the_whole_device",
             "fio with the nbd ioengine is not installed (apt-get install fio)",
@@ -482,12 +486,7 @@ fn real_clients_see_holes_and_copy_sparse() {
 /// bytes, and each export's writes land on its handle.
 #[test]
 fn fio_verifies_two_exports_at_once() {
-    if !have("fio")
-        || !Command::new("fio")
-            .arg("--enghelp")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("nbd"))
-    {
+    if !have_fio_nbd() {
         return skip(
             "fio_verifies_two_exports_at_once",
             "fio with the nbd ioengine is not installed (apt-get install fio)",
