@@ -1,5 +1,6 @@
-//! The device log (issue 74's first piece): the on-disk form a durable device appends every
-//! change to, and the scan that recovers it after a crash. Not yet wired to `ftlab serve`.
+//! The device log: the on-disk form a durable device appends every change to, and the scan that
+//! recovers it after a crash. `durable.rs` builds the device directory (checkpoints, volumes,
+//! the cleaner) on it.
 //!
 //! Owns: the record and segment formats, appending with `fdatasync` at commits, and deciding
 //! what a directory of segments holds after a crash. Does not know: pages' meaning, the FTL,
@@ -13,12 +14,12 @@
 //! offset size
 //!  0     4    RECORD_MAGIC
 //!  4     1    kind: 1 page, 2 trim, 3 commit
-//!  5     1    codec (page records: the store's encoding; 0 otherwise)
-//!  6     2    reserved, 0
-//!  8     8    lpn (page, trim: the first page)
+//!  5     1    codec (page records: the payload's encoding; request records: the op)
+//!  6     2    volume (page, trim: 0 the device, else a clone; volume records: the new one)
+//!  8     8    lpn (page, trim: the first page; request: the byte offset; volume: the parent)
 //! 16     8    seq: 1, 2, 3, ... over the whole log
 //! 24     4    payload bytes (page: the stored bytes; 0 otherwise)
-//! 28     4    pages (trim: how many; 0 otherwise)
+//! 28     4    pages (trim: how many; request: the length in bytes; 0 otherwise)
 //! 32     8    xxh3-64 of bytes 0..32 and the payload
 //! 40     ...  payload, then zeros to the next multiple of 8
 //! ```
@@ -54,6 +55,67 @@ pub enum Kind {
     Page = 1,
     Trim = 2,
     Commit = 3,
+    /// A request the FTL model saw: payload arrival ns (8), reclaim group (1), handle (1).
+    Request = 4,
+    /// A snapshot (codec 0) or clone (codec 1) of volume `lpn` created as `volume`; payload
+    /// its name.
+    Volume = 5,
+    /// Volume `volume` deleted.
+    Unvolume = 6,
+}
+
+/// Where a record is: its segment, its offset in it, and its padded size, in one word (0: no
+/// record; offset 0 of a segment is its header). Segments are at most `MAX_SEGMENT_BYTES`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Loc(pub u64);
+
+/// Segment files end before this (an offset in a `Loc` has 23 bits of 8-byte units).
+pub const MAX_SEGMENT_BYTES: usize = 64 << 20;
+
+impl Loc {
+    pub const NONE: Loc = Loc(0);
+
+    pub fn new(segment: u64, offset: usize, bytes: usize) -> Loc {
+        assert!(segment < 1 << 20, "segment {segment}: at most 2^20 segments");
+        assert!(offset % 8 == 0 && offset < MAX_SEGMENT_BYTES && offset > 0);
+        assert!(bytes % 8 == 0 && bytes / 8 < 1 << 21);
+        Loc(segment << 44 | (offset as u64 / 8) << 21 | bytes as u64 / 8)
+    }
+
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn segment(self) -> u64 {
+        self.0 >> 44
+    }
+
+    pub fn offset(self) -> usize {
+        ((self.0 >> 21) & ((1 << 23) - 1)) as usize * 8
+    }
+
+    /// The record's bytes, padding included.
+    pub fn bytes(self) -> usize {
+        (self.0 & ((1 << 21) - 1)) as usize * 8
+    }
+}
+
+/// A place in the log: a segment, an offset in it, and the sequence number of the record due
+/// there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    pub segment: u64,
+    pub offset: usize,
+    pub seq: u64,
+}
+
+impl Position {
+    /// The start of an empty log.
+    pub const START: Position = Position {
+        segment: 0,
+        offset: SEGMENT_HEADER_BYTES,
+        seq: 1,
+    };
 }
 
 /// One record as recovered.
@@ -61,10 +123,14 @@ pub enum Kind {
 pub struct Record {
     pub kind: Kind,
     pub codec: u8,
+    pub volume: u16,
     pub lpn: u64,
     pub seq: u64,
     pub pages: u32,
     pub payload: Vec<u8>,
+    /// Where it was: its offset in its segment and its padded size.
+    pub offset: usize,
+    pub bytes: usize,
 }
 
 impl Record {
@@ -124,12 +190,25 @@ fn padded(n: usize) -> usize {
 
 /// A record's bytes, padded.
 pub fn encode(kind: Kind, codec: u8, lpn: u64, seq: u64, pages: u32, payload: &[u8]) -> Vec<u8> {
+    encode_volume(kind, codec, 0, lpn, seq, pages, payload)
+}
+
+/// A record's bytes, padded, for `volume`.
+pub fn encode_volume(
+    kind: Kind,
+    codec: u8,
+    volume: u16,
+    lpn: u64,
+    seq: u64,
+    pages: u32,
+    payload: &[u8],
+) -> Vec<u8> {
     debug_assert!(payload.len() <= MAX_PAYLOAD_BYTES);
     let mut out = Vec::with_capacity(padded(RECORD_HEADER_BYTES + payload.len()));
     out.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
     out.push(kind as u8);
     out.push(codec);
-    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&volume.to_le_bytes());
     out.extend_from_slice(&lpn.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -181,21 +260,28 @@ fn decode(bytes: &[u8], expected_seq: u64) -> Result<(Record, usize), String> {
         1 => Kind::Page,
         2 => Kind::Trim,
         3 => Kind::Commit,
+        4 => Kind::Request,
+        5 => Kind::Volume,
+        6 => Kind::Unvolume,
         k => return Err(format!("unknown kind {k}")),
     };
     let seq = u64_at(16);
     if seq != expected_seq {
         return Err(format!("sequence {seq} where {expected_seq} was due"));
     }
+    let used = padded(end).min(bytes.len());
     let record = Record {
         kind,
         codec: bytes[5],
+        volume: u16::from_le_bytes([bytes[6], bytes[7]]),
         lpn: u64_at(8),
         seq,
         pages: u32_at(28),
         payload: bytes[RECORD_HEADER_BYTES..end].to_vec(),
+        offset: 0,
+        bytes: padded(end),
     };
-    Ok((record, padded(end).min(bytes.len())))
+    Ok((record, used))
 }
 
 /// What a segment's bytes hold.
@@ -214,6 +300,17 @@ pub struct Scan {
 /// Scans one segment's bytes whose first record is `first_seq`. Never panics, whatever the
 /// bytes (a fuzz target feeds it arbitrary ones).
 pub fn scan_segment(bytes: &[u8], index: u64, first_seq: u64) -> Result<Scan, String> {
+    scan_segment_from(bytes, index, SEGMENT_HEADER_BYTES, Some(first_seq))
+}
+
+/// As `scan_segment`, from byte `start` (a record boundary), whose record is `first_seq`, or
+/// whatever sequence number it carries when None (the cleaner reads old segments so).
+pub fn scan_segment_from(
+    bytes: &[u8],
+    index: u64,
+    start: usize,
+    first_seq: Option<u64>,
+) -> Result<Scan, String> {
     if bytes.len() < SEGMENT_HEADER_BYTES {
         return Err(format!(
             "{} bytes, shorter than a segment header",
@@ -223,14 +320,27 @@ pub fn scan_segment(bytes: &[u8], index: u64, first_seq: u64) -> Result<Scan, St
     if bytes[..SEGMENT_HEADER_BYTES] != segment_header(index) {
         return Err(format!("the header does not say segment {index:016x}"));
     }
-    let mut at = SEGMENT_HEADER_BYTES;
-    let mut seq = first_seq;
+    if start < SEGMENT_HEADER_BYTES || start > bytes.len() || start % 8 != 0 {
+        return Err(format!(
+            "{} bytes: no record can start at byte {start}",
+            bytes.len()
+        ));
+    }
+    let mut at = start;
+    let mut seq = match first_seq {
+        Some(s) => s,
+        None if bytes.len() >= start + 24 => {
+            u64::from_le_bytes(bytes[start + 16..start + 24].try_into().expect("8 bytes"))
+        }
+        None => 0,
+    };
     let mut records = Vec::new();
     let mut stopped = None;
     while at < bytes.len() {
         // Zeros where a record would start: the unwritten rest of a preallocated or torn file.
         match decode(&bytes[at..], seq) {
-            Ok((record, used)) => {
+            Ok((mut record, used)) => {
+                record.offset = at;
                 records.push(record);
                 seq += 1;
                 at += used;
@@ -269,10 +379,11 @@ pub fn scan_segment(bytes: &[u8], index: u64, first_seq: u64) -> Result<Scan, St
 /// What recovery found in a directory.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Recovered {
+    /// Collected by `recover` only.
     pub records: Vec<Record>,
-    /// Segments, in order.
+    /// Segments read, in order.
     pub segments: u64,
-    /// Records up to and including the last commit (everything a FLUSH acknowledged).
+    /// Records read up to and including the last commit (everything a FLUSH acknowledged).
     pub committed: usize,
     /// Bytes dropped from the end of the last segment (a torn or corrupt tail, never
     /// acknowledged by a FLUSH), and why the first of them was refused.
@@ -280,14 +391,18 @@ pub struct Recovered {
     pub dropped_why: Option<String>,
     /// Where appending resumes: the last segment and its valid length.
     pub tail: Option<(u64, usize)>,
+    /// The sequence number of the next record.
+    pub next_seq: u64,
+    /// Records read (from the position recovery started at).
+    pub replayed: u64,
 }
 
-fn segment_path(dir: &Path, index: u64) -> PathBuf {
+pub fn segment_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("seg-{index:016x}.log"))
 }
 
 /// The segment indices in `dir`, sorted; other files are ignored.
-fn segment_indices(dir: &Path) -> Result<Vec<u64>, LogError> {
+pub fn segment_indices(dir: &Path) -> Result<Vec<u64>, LogError> {
     let io = |cause| LogError::Io {
         path: dir.to_path_buf(),
         cause,
@@ -313,16 +428,62 @@ fn segment_indices(dir: &Path) -> Result<Vec<u64>, LogError> {
 /// the first bad one, when nothing acknowledged lies beyond it; an error naming the damage
 /// otherwise.
 pub fn recover(dir: &Path) -> Result<Recovered, LogError> {
-    let indices = segment_indices(dir)?;
+    let mut records = Vec::new();
+    let mut out = recover_from(dir, Position::START, &mut |r| {
+        records.push(r.clone());
+        Ok(())
+    })?;
+    out.records = records;
+    Ok(out)
+}
+
+/// Where appending resumes after `recover_from`.
+pub fn tail_position(r: &Recovered) -> Position {
+    match r.tail {
+        Some((segment, offset)) => Position {
+            segment,
+            offset,
+            seq: r.next_seq,
+        },
+        None => Position::START,
+    }
+}
+
+/// As `recover`, from `from` (a checkpoint's position): segments before it are not read, and
+/// those from it on must be consecutive. Each valid record is handed to `visit` (its `offset`
+/// set) instead of collected; `visit` refusing one ends recovery with its reason. A log that
+/// ends before `from` (a checkpoint from the future: records it counted are gone) is refused.
+pub fn recover_from(
+    dir: &Path,
+    from: Position,
+    visit: &mut dyn FnMut(&Record) -> Result<(), String>,
+) -> Result<Recovered, LogError> {
+    let indices: Vec<u64> = segment_indices(dir)?
+        .into_iter()
+        .filter(|&i| i >= from.segment)
+        .collect();
     let mut out = Recovered {
         segments: indices.len() as u64,
+        next_seq: from.seq,
         ..Default::default()
     };
+    let future = |why: String| LogError::BadSegment {
+        path: segment_path(dir, from.segment),
+        why: format!(
+            "the checkpoint counts records up to byte {} (sequence {}) but {why}: records a \
+             checkpoint covered are gone (a checkpoint from the future, or a lost segment)",
+            from.offset, from.seq
+        ),
+    };
+    if indices.first() != Some(&from.segment) && from != Position::START {
+        return Err(future("the segment is missing".into()));
+    }
+    let mut since_commit = 0usize;
     for (k, &index) in indices.iter().enumerate() {
-        if index != k as u64 {
+        if index != from.segment + k as u64 {
             return Err(LogError::MissingSegment {
                 dir: dir.to_path_buf(),
-                missing: k as u64,
+                missing: from.segment + k as u64,
                 before: k.checked_sub(1).map_or(0, |p| indices[p]),
                 after: index,
             });
@@ -332,18 +493,34 @@ pub fn recover(dir: &Path) -> Result<Recovered, LogError> {
             path: path.clone(),
             cause,
         })?;
-        let first_seq = out.records.len() as u64 + 1;
-        let scan = scan_segment(&bytes, index, first_seq).map_err(|why| LogError::BadSegment {
-            path: path.clone(),
-            why,
+        let start = if k == 0 {
+            from.offset
+        } else {
+            SEGMENT_HEADER_BYTES
+        };
+        if bytes.len() < start {
+            return Err(future(format!("it holds {} bytes", bytes.len())));
+        }
+        let scan = scan_segment_from(&bytes, index, start, Some(out.next_seq)).map_err(|why| {
+            LogError::BadSegment {
+                path: path.clone(),
+                why,
+            }
         })?;
         let last = k + 1 == indices.len();
-        for r in scan.records {
+        for r in &scan.records {
+            visit(r).map_err(|why| LogError::BadSegment {
+                path: path.clone(),
+                why: format!("record {} at byte {}: {why}", r.seq, r.offset),
+            })?;
+            out.next_seq += 1;
+            since_commit += 1;
             if r.kind == Kind::Commit {
-                out.committed = out.records.len() + 1;
+                out.committed += since_commit;
+                since_commit = 0;
             }
-            out.records.push(r);
         }
+        out.replayed += scan.records.len() as u64;
         if let Some((offset, why)) = scan.stopped {
             // Damage with a commit after it, or in any segment but the last (whose successors
             // were written after it was complete), lost acknowledged data.
@@ -462,6 +639,8 @@ pub struct LogWriter {
     bytes: usize,
     segment_bytes: usize,
     next_seq: u64,
+    /// Bytes appended by this writer (headers of new segments included).
+    appended_bytes: u64,
 }
 
 impl LogWriter {
@@ -473,8 +652,17 @@ impl LogWriter {
             cause,
         })?;
         let recovered = recover(dir)?;
-        let (index, valid) = recovered.tail.unwrap_or((0, 0));
+        let writer = LogWriter::resume(dir, tail_position(&recovered), segment_bytes)?;
+        Ok((writer, recovered))
+    }
+
+    /// Opens `dir` for appending at `tail` (where recovery ended): a dropped tail is cut off
+    /// the file first; a segment is created when none is there.
+    pub fn resume(dir: &Path, tail: Position, segment_bytes: usize) -> Result<LogWriter, LogError> {
+        assert!(segment_bytes + MAX_PAYLOAD_BYTES + 4096 < MAX_SEGMENT_BYTES);
+        let (index, valid) = (tail.segment, tail.offset);
         let path = segment_path(dir, index);
+        let fresh = !path.exists();
         let io = |cause| LogError::Io {
             path: path.clone(),
             cause,
@@ -486,8 +674,8 @@ impl LogWriter {
             .truncate(false)
             .open(&path)
             .map_err(io)?;
-        let bytes = if recovered.tail.is_none() {
-            file.write_all(&segment_header(0)).map_err(io)?;
+        let bytes = if fresh {
+            file.write_all(&segment_header(index)).map_err(io)?;
             file.sync_all().map_err(io)?;
             sync_dir(dir)?;
             SEGMENT_HEADER_BYTES
@@ -500,15 +688,15 @@ impl LogWriter {
         use std::io::Seek;
         file.seek(std::io::SeekFrom::Start(bytes as u64))
             .map_err(io)?;
-        let writer = LogWriter {
+        Ok(LogWriter {
             dir: dir.to_path_buf(),
             file,
             index,
             bytes,
             segment_bytes: segment_bytes.max(SEGMENT_HEADER_BYTES + 1),
-            next_seq: recovered.records.len() as u64 + 1,
-        };
-        Ok((writer, recovered))
+            next_seq: tail.seq,
+            appended_bytes: 0,
+        })
     }
 
     fn io(&self, cause: std::io::Error) -> LogError {
@@ -527,26 +715,66 @@ impl LogWriter {
         pages: u32,
         payload: &[u8],
     ) -> Result<u64, LogError> {
+        self.append_volume(kind, codec, 0, lpn, pages, payload)
+            .map(|(seq, _)| seq)
+    }
+
+    /// Appends a record of `volume`; returns its sequence number and where it is.
+    pub fn append_volume(
+        &mut self,
+        kind: Kind,
+        codec: u8,
+        volume: u16,
+        lpn: u64,
+        pages: u32,
+        payload: &[u8],
+    ) -> Result<(u64, Loc), LogError> {
         if self.bytes >= self.segment_bytes {
             self.roll()?;
         }
         let seq = self.next_seq;
-        let bytes = encode(kind, codec, lpn, seq, pages, payload);
+        let bytes = encode_volume(kind, codec, volume, lpn, seq, pages, payload);
         self.file.write_all(&bytes).map_err(|e| self.io(e))?;
+        let loc = Loc::new(self.index, self.bytes, bytes.len());
         self.bytes += bytes.len();
+        self.appended_bytes += bytes.len() as u64;
         self.next_seq += 1;
-        Ok(seq)
+        Ok((seq, loc))
     }
 
     /// Appends a page's bytes, LZ4-compressed when that shrinks them (codec 1), raw otherwise
     /// (codec 0); returns its sequence number.
     pub fn append_page(&mut self, lpn: u64, page: &[u8]) -> Result<u64, LogError> {
+        self.append_page_of(0, lpn, page).map(|(seq, _)| seq)
+    }
+
+    /// As `append_page`, for `volume`, with where the record is.
+    pub fn append_page_of(
+        &mut self,
+        volume: u16,
+        lpn: u64,
+        page: &[u8],
+    ) -> Result<(u64, Loc), LogError> {
         let packed = lz4_flex::block::compress(page);
         if packed.len() < page.len() {
-            self.append(Kind::Page, CODEC_LZ4, lpn, 0, &packed)
+            self.append_volume(Kind::Page, CODEC_LZ4, volume, lpn, 0, &packed)
         } else {
-            self.append(Kind::Page, CODEC_RAW, lpn, 0, page)
+            self.append_volume(Kind::Page, CODEC_RAW, volume, lpn, 0, page)
         }
+    }
+
+    /// Where the next record goes (a new segment may start first).
+    pub fn position(&self) -> Position {
+        Position {
+            segment: self.index,
+            offset: self.bytes,
+            seq: self.next_seq,
+        }
+    }
+
+    /// Bytes this writer appended.
+    pub fn appended_bytes(&self) -> u64 {
+        self.appended_bytes
     }
 
     /// The last sequence number appended (0: none).
@@ -591,12 +819,13 @@ impl LogWriter {
         self.file = file;
         self.index = index;
         self.bytes = SEGMENT_HEADER_BYTES;
+        self.appended_bytes += SEGMENT_HEADER_BYTES as u64;
         Ok(())
     }
 }
 
 /// Makes a directory's entries (a new segment) durable.
-fn sync_dir(dir: &Path) -> Result<(), LogError> {
+pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|cause| LogError::Io {
@@ -613,13 +842,7 @@ mod tests {
     fn log_with(pages: u64, commit_every: u64, segment_bytes: usize) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let (mut w, r) = LogWriter::open(dir.path(), segment_bytes).unwrap();
-        assert_eq!(
-            r,
-            Recovered {
-                segments: 0,
-                ..Default::default()
-            }
-        );
+        assert_eq!((r.segments, r.records.len(), r.next_seq), (0, 0, 1));
         for lpn in 0..pages {
             let payload = vec![lpn as u8; 100 + lpn as usize % 50];
             w.append(Kind::Page, 1, lpn, 0, &payload).unwrap();
