@@ -13,6 +13,7 @@
 pub mod backend;
 pub mod codec;
 pub mod content_class;
+pub mod durable;
 pub mod log;
 mod page_table;
 pub mod same_fill;

@@ -128,7 +128,8 @@ pub struct Record {
     pub seq: u64,
     pub pages: u32,
     pub payload: Vec<u8>,
-    /// Where it was: its offset in its segment and its padded size.
+    /// Where it was: its segment, its offset in it and its padded size.
+    pub segment: u64,
     pub offset: usize,
     pub bytes: usize,
 }
@@ -278,10 +279,20 @@ fn decode(bytes: &[u8], expected_seq: u64) -> Result<(Record, usize), String> {
         seq,
         pages: u32_at(28),
         payload: bytes[RECORD_HEADER_BYTES..end].to_vec(),
+        segment: 0,
         offset: 0,
         bytes: padded(end),
     };
     Ok((record, used))
+}
+
+/// The record at the start of `bytes`, whatever its sequence number: for reading a record a
+/// map points at.
+pub fn decode_any(bytes: &[u8]) -> Result<Record, String> {
+    let seq = bytes
+        .get(16..24)
+        .map_or(0, |s| u64::from_le_bytes(s.try_into().expect("8 bytes")));
+    decode(bytes, seq).map(|(r, _)| r)
 }
 
 /// What a segment's bytes hold.
@@ -341,6 +352,7 @@ pub fn scan_segment_from(
         match decode(&bytes[at..], seq) {
             Ok((mut record, used)) => {
                 record.offset = at;
+                record.segment = index;
                 records.push(record);
                 seq += 1;
                 at += used;
