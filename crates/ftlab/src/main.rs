@@ -336,39 +336,58 @@ const RECORD_EPOCH_NS: u64 = 1_767_225_600_000_000_000;
 
 /// `ftlab check DIR [--repair]`.
 fn check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
-    use ftlab_store::log::{recover, Kind};
+    use ftlab_store::durable::{checkpoint_position, device_geometry, DataDir};
     anyhow::ensure!(dir.is_dir(), "{}: not a directory", dir.display());
-    let recovered = match recover(dir) {
-        Ok(r) => r,
+    let Some((pages, page_bytes)) = device_geometry(dir)? else {
+        anyhow::bail!(
+            "{}: no `{}` file: not a directory `ftlab serve --data` made",
+            dir.display(),
+            ftlab_store::durable::DEVICE_FILE
+        );
+    };
+    let open = || DataDir::open(dir, pages, page_bytes, true, 1 << 20);
+    let (data, opened) = match open() {
+        Ok(o) => o,
         Err(e) if repair => {
             println!("{e}");
-            let r = ftlab_store::log::repair(dir)?;
+            let r = ftlab_store::log::repair_from(dir, checkpoint_position(dir))?;
             println!(
-                "repaired: {} records kept, {} bytes cut; set aside (nothing deleted):",
+                "repaired: {} records kept after the checkpoint, {} bytes cut; set aside \
+                 (nothing deleted):",
                 r.kept_records, r.cut_bytes
             );
             for p in &r.set_aside {
                 println!("  {}", p.display());
             }
-            recover(dir)?
+            open()?
         }
         Err(e) => return Err(e.into()),
     };
-    let count = |k: Kind| recovered.records.iter().filter(|r| r.kind == k).count();
+    let verified = data.verify()?;
+    let volumes = data.volumes();
     println!(
-        "{}: {} segment(s), {} records ({} pages, {} trims, {} commits), {} durable (up to the last commit)",
+        "{}: {} segment(s); checkpoint at record {}; {} records after it verify ({} model \
+         requests in all); {} volume(s) ({}); {verified} mapped page records read back and verify",
         dir.display(),
-        recovered.segments,
-        recovered.records.len(),
-        count(Kind::Page),
-        count(Kind::Trim),
-        count(Kind::Commit),
-        recovered.committed
+        ftlab_store::log::segment_indices(dir)?.len(),
+        opened.checkpoint_seq,
+        opened.replayed_records,
+        opened.requests.len(),
+        volumes.len(),
+        volumes
+            .iter()
+            .map(|v| if v.name.is_empty() {
+                "the device".to_string()
+            } else {
+                format!("{:?} {}", v.kind, v.name).to_lowercase()
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
     );
-    if let Some(why) = &recovered.dropped_why {
+    if let Some(why) = &opened.dropped_why {
         println!(
             "a {}-byte tail no FLUSH acknowledged will be dropped at the next start ({why})",
-            recovered.dropped_bytes
+            opened.dropped_bytes
         );
     }
     Ok(())

@@ -79,6 +79,19 @@ pub struct ServeArgs {
     /// writes; concurrent flushes share one sync), always (every write and trim too), never.
     #[arg(long, default_value = "flush", value_parser = ftlab_server::Durability::parse)]
     durability: ftlab_server::Durability,
+    /// With --data: write a checkpoint (the maps of every volume; recovery replays only the log
+    /// after it) each time this much was logged since the last, and at a clean shutdown; the
+    /// cleaner then deletes segments no volume needs, copying out the live records of those at
+    /// most half live. Bytes, or with K/M/G/T.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    checkpoint_every: u64,
+    /// With --data: memory for decompressed pages read from the log (snapshot and clone
+    /// exports), bytes or with K/M/G/T; 0: none.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    cache: u64,
+    /// The policy of --cache: arc (adaptive: resists scans) or lru.
+    #[arg(long, default_value = "arc", value_parser = ftlab_store::cache::CachePolicy::parse)]
+    cache_policy: ftlab_store::cache::CachePolicy,
     /// Accept an --image smaller than the export (an empty file included): the pages past its
     /// end read as zeros, and the save writes it at the export's full size. Without this flag a
     /// size mismatch is refused, since a truncated image would silently lose its missing part
@@ -254,6 +267,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             read_only: args.read_only,
             data: args.data.clone(),
             durability: args.durability,
+            checkpoint_every_bytes: args.checkpoint_every,
+            cache_bytes: args.cache,
+            cache_policy: args.cache_policy,
         },
     )?);
     if let Some(summary) = device.recovery_summary() {
@@ -354,6 +370,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     eprintln!("ftlab serve: {line}");
                 }
                 std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+    }
+    if args.data.is_some() && !args.read_only {
+        // Checkpoints and cleaning: a thread of their own, so the listeners never wait.
+        let device = device.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(line) = device.maintain() {
+                    eprintln!("ftlab serve: {line}");
+                }
+                std::thread::sleep(Duration::from_millis(200));
             }
         });
     }

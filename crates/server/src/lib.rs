@@ -19,6 +19,7 @@ pub use ftlab_sim::placement::PlacementRanges;
 use ftlab_sim::report::{OpHistograms, Recorder};
 use ftlab_sim::ConfiguredFtl;
 use ftlab_store::codec::Codec;
+use ftlab_store::durable::{DataDir, ModelRequest};
 use ftlab_store::{PageStore, StoreConfig, StoreStats};
 pub use incoming::Incoming;
 use protocol as p;
@@ -76,6 +77,12 @@ pub struct DeviceOptions {
     /// at start, every write and trim appended, FLUSH and FUA made durable per `durability`.
     pub data: Option<std::path::PathBuf>,
     pub durability: Durability,
+    /// With `data`: a checkpoint once this many bytes were logged since the last (and at a
+    /// clean shutdown); the cleaner runs after each.
+    pub checkpoint_every_bytes: u64,
+    /// With `data`: the cache of decompressed pages in front of snapshot and clone reads.
+    pub cache_bytes: u64,
+    pub cache_policy: ftlab_store::cache::CachePolicy,
 }
 
 /// When the device log is made durable (`fdatasync`), with `data`.
@@ -101,61 +108,62 @@ impl Durability {
     }
 }
 
-/// The device log of a durable device, and what recovery found at start.
+/// The device directory of a durable device (`ftlab_store::durable`), and what recovery found
+/// at start.
 struct Durable {
-    /// None when the device is read-only: the directory is read, never written (not even a
-    /// torn tail cut).
-    log: Option<Mutex<ftlab_store::log::LogWriter>>,
-    segments: u64,
+    data: Mutex<DataDir>,
     /// The last record known durable (its sequence number).
     synced_seq: AtomicU64,
     syncs: AtomicU64,
     mode: Durability,
     dir: std::path::PathBuf,
+    /// A checkpoint is written once this many bytes were appended since the last.
+    checkpoint_every_bytes: u64,
     recovered_records: u64,
+    replayed_requests: u64,
+    checkpoint_seq: u64,
     dropped_bytes: u64,
     dropped_why: Option<String>,
+    /// Decompressed pages of snapshots and clones (read from the log).
+    cache: Mutex<ftlab_store::cache::PageCache>,
+}
+
+/// The model's op codes in the log; DRAIN is the write buffer drained at a clean shutdown.
+const MODEL_DRAIN: u8 = 255;
+
+fn model_op(op: Op) -> u8 {
+    match op {
+        Op::Read => 0,
+        Op::Write => 1,
+        Op::Trim => 2,
+        Op::Flush => 3,
+    }
 }
 
 impl Durable {
-    /// The log, to append to: a read-only device refuses every change before it gets here.
-    fn lock(&self) -> std::sync::MutexGuard<'_, ftlab_store::log::LogWriter> {
-        self.log
-            .as_ref()
-            .expect("changes are refused on a read-only device")
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    /// The directory, to append to: a read-only device refuses every change before it gets
+    /// here.
+    fn lock(&self) -> std::sync::MutexGuard<'_, DataDir> {
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A failed append is the request's EIO: what was not logged is not acknowledged.
-    fn page(log: &mut ftlab_store::log::LogWriter, lpn: u64, page: &[u8]) -> Result<(), Errno> {
-        log.append_page(lpn, page).map(|_| ()).map_err(|_| p::EIO)
+    fn page(data: &mut DataDir, volume: u16, lpn: u64, page: &[u8]) -> Result<(), Errno> {
+        data.write_page(volume, lpn, page).map_err(|_| p::EIO)
     }
 
-    fn trim(log: &mut ftlab_store::log::LogWriter, lpn: u64, pages: u64) -> Result<(), Errno> {
-        // A trim record covers at most u32::MAX pages; longer trims take several.
-        let mut at = lpn;
-        let end = lpn + pages;
-        while at < end {
-            let n = (end - at).min(u64::from(u32::MAX));
-            log.append(ftlab_store::log::Kind::Trim, 0, at, n as u32, &[])
-                .map_err(|_| p::EIO)?;
-            at += n;
-        }
-        Ok(())
+    fn trim(data: &mut DataDir, volume: u16, lpn: u64, pages: u64) -> Result<(), Errno> {
+        data.trim(volume, lpn, pages).map_err(|_| p::EIO)
     }
 
     /// Makes every record appended so far durable. A flush that finds its records already
     /// synced by another (group commit) returns at once.
     fn sync(&self) -> Result<(), Errno> {
-        let Some(log) = &self.log else {
-            return Ok(());
-        };
-        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-        if log.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
+        let mut data = self.lock();
+        if data.read_only() || data.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
             return Ok(());
         }
-        let seq = log.commit().map_err(|_| p::EIO)?;
+        let seq = data.commit().map_err(|_| p::EIO)?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced_seq.store(seq, Ordering::Release);
         Ok(())
@@ -262,7 +270,7 @@ impl Default for ConnectionLimits {
 }
 
 /// A device log segment is closed and a new one started past this size.
-const LOG_SEGMENT_BYTES: usize = 256 << 20;
+const LOG_SEGMENT_BYTES: usize = 32 << 20;
 
 /// Eight requests of the largest size at once.
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
@@ -349,8 +357,10 @@ pub struct Device {
     /// The resolved configuration, for the statistics.
     config: Config,
     exports: Vec<Export>,
-    /// With `data`: the device log.
+    /// With `data`: the device directory.
     durable: Option<Durable>,
+    /// The model's clock at start: where the recovered requests left it (0 without `data`).
+    clock_base_ns: u64,
     /// Memory of requests in flight, over all connections.
     budget: budget::InflightBudget,
 }
@@ -532,30 +542,29 @@ impl Device {
             )?)),
             None => None,
         };
-        let mut ftl = ConfiguredFtl::new(config, &geometry);
-        let durable = match &options.data {
-            Some(dir) => Some(Self::recover(
-                dir,
-                &store,
-                &mut ftl,
-                &geometry,
-                options.durability,
-                options.read_only,
-            )?),
-            None => None,
+        let mut state = State {
+            ftl: ConfiguredFtl::new(config, &geometry),
+            requests: 0,
+            record: None,
+            record_format: options.record_format,
+            record_error: None,
+            recorded: 0,
+            recorder: Recorder::without_series(),
         };
+        let (durable, clock_base_ns) = match &options.data {
+            Some(dir) => {
+                let (d, clock) = Self::recover(dir, &store, &mut state, &geometry, &options)?;
+                (Some(d), clock)
+            }
+            None => (None, 0),
+        };
+        // After the replay: the record file holds what this run's clients send.
+        state.record = record;
         Ok(Device {
             durable,
+            clock_base_ns,
             rmw: Mutex::new(()),
-            state: Mutex::new(State {
-                ftl,
-                requests: 0,
-                record,
-                record_format: options.record_format,
-                record_error: None,
-                recorded: 0,
-                recorder: Recorder::without_series(),
-            }),
+            state: Mutex::new(state),
             unix_start_ns: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
@@ -574,85 +583,117 @@ impl Device {
         })
     }
 
-    /// Opens the device log in `dir` (created when absent), and replays what it holds into the
-    /// page store and the FTL model: the pages and trims, in order.
+    /// Opens the device directory `dir` (created when absent): loads the device's pages into
+    /// the page store, and replays every request the FTL model saw, in order and at its arrival
+    /// time, so the model is what it was (the same report as without a crash). Returns the
+    /// directory and the model's clock.
     fn recover(
         dir: &std::path::Path,
         store: &PageStore,
-        ftl: &mut ConfiguredFtl,
+        state: &mut State,
         geometry: &ftlab_core::geometry::Geometry,
-        mode: Durability,
-        read_only: bool,
-    ) -> Result<Durable, DeviceError> {
-        use ftlab_store::log::{Kind, LogWriter};
+        options: &DeviceOptions,
+    ) -> Result<(Durable, u64), DeviceError> {
         let log_error = |e: ftlab_store::log::LogError| DeviceError::Log(e.to_string());
-        let (log, recovered) = if read_only {
-            (None, ftlab_store::log::recover(dir).map_err(log_error)?)
-        } else {
-            let (log, recovered) = LogWriter::open(dir, LOG_SEGMENT_BYTES).map_err(log_error)?;
-            (Some(Mutex::new(log)), recovered)
-        };
         let page_bytes = geometry.page_size_bytes as usize;
-        let logical = geometry.logical_pages;
-        let bad = |r: &ftlab_store::log::Record, why: &str| {
-            DeviceError::Log(format!(
-                "{}: record {} ({:?} at lpn {}): {why}",
-                dir.display(),
-                r.seq,
-                r.kind,
-                r.lpn
-            ))
-        };
-        for r in &recovered.records {
-            match r.kind {
-                Kind::Page => {
-                    if r.lpn >= logical {
-                        return Err(bad(
-                            r,
-                            "beyond this device's logical pages (another --set capacity?)",
-                        ));
-                    }
-                    let page = r
-                        .page(page_bytes)
-                        .ok_or_else(|| bad(r, "does not decode to a page of this device"))?;
-                    store.write(r.lpn, &page)?;
-                    let w =
-                        FtlRequest::new(0, Op::Write, r.lpn * page_bytes as u64, page_bytes as u64);
-                    ftl.submit(&w, 0).map_err(|e| bad(r, &e.to_string()))?;
+        let (data, opened) = DataDir::open(
+            dir,
+            geometry.logical_pages,
+            page_bytes,
+            options.read_only,
+            LOG_SEGMENT_BYTES,
+        )
+        .map_err(log_error)?;
+        let pages = data.device_pages();
+        data.load_pages(&pages, &mut |lpn, page| {
+            store.write(lpn, page).map_err(|e| e.to_string())
+        })
+        .map_err(log_error)?;
+        let mut clock_ns = 0;
+        for (k, r) in opened.requests.iter().enumerate() {
+            let op = match r.op {
+                0 => Op::Read,
+                1 => Op::Write,
+                2 => Op::Trim,
+                3 => Op::Flush,
+                MODEL_DRAIN => {
+                    state.ftl.flush(r.arrival_ns);
+                    clock_ns = r.arrival_ns;
+                    continue;
                 }
-                Kind::Trim => {
-                    let end = r
-                        .lpn
-                        .checked_add(u64::from(r.pages))
-                        .filter(|&e| e <= logical);
-                    let Some(end) = end else {
-                        return Err(bad(r, "beyond this device's logical pages"));
-                    };
-                    for lpn in r.lpn..end {
-                        store.trim(lpn);
-                    }
-                    let t = FtlRequest::new(
-                        0,
-                        Op::Trim,
-                        r.lpn * page_bytes as u64,
-                        u64::from(r.pages) * page_bytes as u64,
-                    );
-                    ftl.submit(&t, 0).map_err(|e| bad(r, &e.to_string()))?;
+                other => {
+                    return Err(DeviceError::Log(format!(
+                        "{}: request {k} of the model has op {other}",
+                        dir.display()
+                    )))
                 }
-                Kind::Commit => {}
-            }
+            };
+            let request = FtlRequest {
+                arrival_ns: r.arrival_ns,
+                op,
+                offset_bytes: r.offset_bytes,
+                length_bytes: u64::from(r.length_bytes),
+                placement: Placement {
+                    reclaim_group: r.reclaim_group,
+                    handle: r.handle,
+                },
+            };
+            // It was applied once without error, so it is again (the model is deterministic).
+            state
+                .submit(request, 0)
+                .map_err(|errno| DeviceError::Log(format!(
+                    "{}: request {k} of the model ({op:?} at byte {}) fails its replay (errno {errno}): \
+                     another configuration than the one it ran with?",
+                    dir.display(),
+                    r.offset_bytes
+                )))?;
+            clock_ns = r.arrival_ns;
         }
-        let synced = recovered.records.len() as u64;
-        Ok(Durable {
-            log,
-            segments: recovered.segments,
-            synced_seq: AtomicU64::new(synced),
-            syncs: AtomicU64::new(0),
-            mode,
-            dir: dir.to_path_buf(),
-            recovered_records: synced,
-            dropped_bytes: recovered.dropped_bytes,
-            dropped_why: recovered.dropped_why,
+        let synced = data.last_seq();
+        Ok((
+            Durable {
+                data: Mutex::new(data),
+                synced_seq: AtomicU64::new(synced),
+                syncs: AtomicU64::new(0),
+                mode: options.durability,
+                dir: dir.to_path_buf(),
+                checkpoint_every_bytes: options.checkpoint_every_bytes,
+                recovered_records: opened.replayed_records,
+                replayed_requests: opened.requests.len() as u64,
+                checkpoint_seq: opened.checkpoint_seq,
+                dropped_bytes: opened.dropped_bytes,
+                dropped_why: opened.dropped_why,
+                cache: Mutex::new(ftlab_store::cache::PageCache::new(
+                    options.cache_policy,
+                    (options.cache_bytes / page_bytes as u64) as usize,
+                )),
+            },
+            clock_ns,
+        ))
+    }
+
+    /// With a writable durable device: a checkpoint when `checkpoint_every_bytes` were logged
+    /// since the last, then the cleaner (segments at most half live). Call from a thread of its
+    /// own: it holds the directory's lock while it works. Returns a line for the log when it
+    /// did something, or an error line.
+    pub fn maintain(&self) -> Option<String> {
+        let d = self.durable.as_ref().filter(|_| !self.options.read_only)?;
+        if d.lock().since_checkpoint_bytes() < d.checkpoint_every_bytes {
+            return None;
+        }
+        let started = Instant::now();
+        let mut data = d.lock();
+        let result = data.checkpoint().and_then(|()| data.clean(0.5));
+        // Everything before the checkpoint is durable now.
+        let seq = data.last_seq();
+        d.synced_seq.fetch_max(seq, Ordering::AcqRel);
+        Some(match result {
+            Ok(cleaned) => format!(
+                "{}: checkpoint at record {seq}, {cleaned} segment(s) cleaned, in {:.0} ms",
+                d.dir.display(),
+                started.elapsed().as_secs_f64() * 1e3
+            ),
+            Err(e) => format!("{}: checkpoint failed: {e}", d.dir.display()),
         })
     }
 
@@ -662,15 +703,21 @@ impl Device {
         let d = self.durable.as_ref()?;
         Some(match &d.dropped_why {
             Some(why) => format!(
-                "{}: replayed {} log records; dropped a {}-byte tail no FLUSH had acknowledged ({why})",
+                "{}: replayed {} log records after the checkpoint (sequence {}) and {} model \
+                 requests; dropped a {}-byte tail no FLUSH had acknowledged ({why})",
                 d.dir.display(),
                 d.recovered_records,
+                d.checkpoint_seq,
+                d.replayed_requests,
                 d.dropped_bytes
             ),
             None => format!(
-                "{}: replayed {} log records",
+                "{}: replayed {} log records after the checkpoint (sequence {}) and {} model \
+                 requests",
                 d.dir.display(),
-                d.recovered_records
+                d.recovered_records,
+                d.checkpoint_seq,
+                d.replayed_requests
             ),
         })
     }
@@ -1067,12 +1114,9 @@ impl Device {
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
             "durable": self.durable.as_ref().map(|d| {
-                let (records, segments) = match &d.log {
-                    Some(log) => {
-                        let log = log.lock().unwrap_or_else(|p| p.into_inner());
-                        (log.last_seq(), log.tail_segment() + 1)
-                    }
-                    None => (d.recovered_records, d.segments),
+                let (records, disk, volumes) = {
+                    let mut data = d.lock();
+                    (data.last_seq(), data.disk_stats(), data.volumes())
                 };
                 serde_json::json!({
                     "dir": d.dir.display().to_string(),
@@ -1080,9 +1124,13 @@ impl Device {
                     "records": records,
                     "synced_records": d.synced_seq.load(Ordering::Relaxed),
                     "syncs": d.syncs.load(Ordering::Relaxed),
-                    "segments": segments,
                     "recovered_records": d.recovered_records,
+                    "recovered_requests": d.replayed_requests,
+                    "recovery_checkpoint_seq": d.checkpoint_seq,
                     "recovery_dropped_bytes": d.dropped_bytes,
+                    "disk": disk,
+                    "volumes": volumes,
+                    "cache": d.cache.lock().unwrap_or_else(|p| p.into_inner()).stats(),
                 })
             }),
             "exports": self.exports.iter().map(|e| serde_json::json!({
@@ -1108,6 +1156,14 @@ impl Device {
             object.insert(key.clone(), value.clone());
         }
         stats
+    }
+
+    /// The model's report (`ftlab sim --json`'s schema) as of model time `now_ns`: what a
+    /// replay after a crash must reproduce exactly.
+    pub fn model_report_json(&self, now_ns: u64) -> serde_json::Value {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::to_value(s.ftl.report(&self.config, &s.recorder, 0, now_ns))
+            .expect("a report serialises")
     }
 
     /// Counts the client latency of replies just written to the socket.
@@ -1157,11 +1213,25 @@ impl Device {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if self.failure().is_none() {
             s.ftl.flush(now);
-            // A clean shutdown leaves the whole log durable, whatever the mode.
-            if let Some(d) = &self.durable {
-                d.sync().map_err(|_| {
-                    DeviceError::Log(format!("{}: the final sync failed", d.dir.display()))
-                })?;
+            // A clean shutdown logs the drain, and leaves a checkpoint (the whole log durable).
+            if let Some(d) = self.durable.as_ref().filter(|_| !self.options.read_only) {
+                let failed = |e: ftlab_store::log::LogError| {
+                    DeviceError::Log(format!(
+                        "{}: the final checkpoint failed: {e}",
+                        d.dir.display()
+                    ))
+                };
+                let mut data = d.lock();
+                data.request(ModelRequest {
+                    op: MODEL_DRAIN,
+                    offset_bytes: 0,
+                    length_bytes: 0,
+                    arrival_ns: now,
+                    reclaim_group: 0,
+                    handle: 0,
+                })
+                .map_err(failed)?;
+                data.checkpoint().map_err(failed)?;
             }
         }
         let s = &mut *s;
@@ -1179,8 +1249,9 @@ impl Device {
         }
     }
 
+    /// The model's clock: wall-clock time since start, after the recovered requests' last.
     fn now_ns(&self) -> u64 {
-        self.started.elapsed().as_nanos() as u64
+        self.clock_base_ns + self.started.elapsed().as_nanos() as u64
     }
 
     /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
@@ -1320,13 +1391,13 @@ impl Device {
                         if zeroes {
                             self.store.trim(lpn);
                             if let Some(log) = &mut log {
-                                Durable::trim(log, lpn, 1)?;
+                                Durable::trim(log, 0, lpn, 1)?;
                             }
                         } else if !batched {
                             let bytes = &payload[at..at + self.page_bytes];
                             self.store.write(lpn, bytes).map_err(store_errno)?;
                             if let Some(log) = &mut log {
-                                Durable::page(log, lpn, bytes)?;
+                                Durable::page(log, 0, lpn, bytes)?;
                             }
                         } else if lpn == whole_first {
                             // The whole pages go as one batch, compressed in parallel.
@@ -1336,7 +1407,7 @@ impl Device {
                             self.store.write_batch(&lpns, pages).map_err(store_errno)?;
                             if let Some(log) = &mut log {
                                 for (&l, bytes) in lpns.iter().zip(pages.chunks(self.page_bytes)) {
-                                    Durable::page(log, l, bytes)?;
+                                    Durable::page(log, 0, l, bytes)?;
                                 }
                             }
                         }
@@ -1351,7 +1422,7 @@ impl Device {
                         }
                         self.store.write(lpn, &page).map_err(store_errno)?;
                         if let Some(log) = &mut log {
-                            Durable::page(log, lpn, &page)?;
+                            Durable::page(log, 0, lpn, &page)?;
                         }
                     }
                     at += b - a;
@@ -1363,7 +1434,7 @@ impl Device {
                     self.store.trim(lpn);
                 }
                 if let Some(log) = &mut log {
-                    Durable::trim(log, whole_first, whole_end - whole_first)?;
+                    Durable::trim(log, 0, whole_first, whole_end - whole_first)?;
                 }
             }
             _ => {}
@@ -1398,16 +1469,29 @@ impl Device {
             _ => vec![piece(Op::Write, offset, length)],
         };
         let mut done = now;
+        let writes = matches!(r.command, p::CMD_WRITE | p::CMD_WRITE_ZEROES);
+        let fua = writes && r.flags & p::CMD_FLAG_FUA != 0;
         for request in pieces
             .into_iter()
             .filter(|q| q.op == Op::Flush || q.length_bytes > 0)
+            .chain(fua.then(|| piece(Op::Flush, 0, 0)))
         {
             done = done.max(state.submit(request, self.unix_start_ns)?);
-        }
-        let writes = matches!(r.command, p::CMD_WRITE | p::CMD_WRITE_ZEROES);
-        let fua = writes && r.flags & p::CMD_FLAG_FUA != 0;
-        if fua {
-            done = done.max(state.submit(piece(Op::Flush, 0, 0), self.unix_start_ns)?);
+            // The model's input, logged in the order the model took it (under its lock), so
+            // that a replay rebuilds it exactly.
+            if let Some(d) = self.durable.as_ref().filter(|_| !self.options.read_only) {
+                d.lock()
+                    .request(ModelRequest {
+                        op: model_op(request.op),
+                        offset_bytes: request.offset_bytes,
+                        // Within u32: a request is at most MAX_REQUEST_BYTES.
+                        length_bytes: request.length_bytes as u32,
+                        arrival_ns: request.arrival_ns,
+                        reclaim_group: request.placement.reclaim_group,
+                        handle: request.placement.handle,
+                    })
+                    .map_err(|_| p::EIO)?;
+            }
         }
         drop(state);
         // Durable before it is answered: a FLUSH, an FUA write, or with `always` any change.

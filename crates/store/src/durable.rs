@@ -263,7 +263,10 @@ impl Volumes {
                 id: v.id,
                 name: v.name.clone(),
                 kind: v.kind,
-                parent: self.get(v.parent).map(|p| p.name.clone()).unwrap_or_default(),
+                parent: self
+                    .get(v.parent)
+                    .map(|p| p.name.clone())
+                    .unwrap_or_default(),
                 mapped_pages: v.map.mapped().count() as u64,
             })
             .collect()
@@ -398,6 +401,9 @@ impl Located {
     }
 }
 
+/// Called with each page loaded (its LPN and bytes); an error names what went wrong.
+pub type PageVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;
+
 /// A durable device's directory, open.
 pub struct DataDir {
     dir: PathBuf,
@@ -502,7 +508,9 @@ fn decode_checkpoint(bytes: &[u8], pages: u64, page_bytes: usize) -> Result<Chec
     let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
     let version = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
     if version != CHECKPOINT_VERSION {
-        return Err(format!("version {version} (this ftlab reads {CHECKPOINT_VERSION})"));
+        return Err(format!(
+            "version {version} (this ftlab reads {CHECKPOINT_VERSION})"
+        ));
     }
     take(4)?;
     let mut h = [0u64; 6];
@@ -585,6 +593,38 @@ fn decode_checkpoint(bytes: &[u8], pages: u64, page_bytes: usize) -> Result<Chec
     })
 }
 
+/// The file naming the device a directory was made for.
+pub const DEVICE_FILE: &str = "device";
+
+/// The (pages, page bytes) of the device `dir` was made for; None when it has no device file.
+pub fn device_geometry(dir: &Path) -> Result<Option<(u64, usize)>, LogError> {
+    let path = dir.join(DEVICE_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(cause) => return Err(LogError::Io { path, cause }),
+    };
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| damaged(&path, format!("no `{key}=N` line")))
+    };
+    Ok(Some((field("pages")?, field("page_bytes")? as usize)))
+}
+
+/// The position of `dir`'s checkpoint when it verifies (`repair` starts there), else the log's
+/// start.
+pub fn checkpoint_position(dir: &Path) -> Position {
+    let Ok(Some((pages, page_bytes))) = device_geometry(dir) else {
+        return Position::START;
+    };
+    std::fs::read(dir.join(CHECKPOINT_FILE))
+        .ok()
+        .and_then(|b| decode_checkpoint(&b, pages, page_bytes).ok())
+        .map_or(Position::START, |c| c.at)
+}
+
 impl DataDir {
     /// Opens `dir` (created when absent and not `read_only`): the checkpoint, the model
     /// archive it counts, then the log after it. Refuses, naming the file, whatever would
@@ -600,6 +640,34 @@ impl DataDir {
         if !read_only {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
+        match device_geometry(dir)? {
+            Some(made) if made != (pages, page_bytes) => {
+                return Err(damaged(
+                    &dir.join(DEVICE_FILE),
+                    format!(
+                        "the directory holds a device of {} pages of {} bytes \
+                         (capacity.logical_bytes={}, flash.page_size_bytes={}), not {pages} of \
+                         {page_bytes}: serve it with that configuration",
+                        made.0,
+                        made.1,
+                        made.0 * made.1 as u64,
+                        made.1
+                    ),
+                ))
+            }
+            Some(_) => {}
+            None if read_only => {}
+            None => {
+                let path = dir.join(DEVICE_FILE);
+                let tmp = dir.join(format!("{DEVICE_FILE}.tmp"));
+                let mut f = File::create(&tmp).map_err(io(&tmp))?;
+                write!(f, "ftlab device\npages={pages}\npage_bytes={page_bytes}\n")
+                    .and_then(|_| f.sync_all())
+                    .map_err(io(&tmp))?;
+                std::fs::rename(&tmp, &path).map_err(io(&path))?;
+                sync_dir(dir)?;
+            }
+        }
         let ck_path = dir.join(CHECKPOINT_FILE);
         let checkpoint = match std::fs::read(&ck_path) {
             Ok(bytes) => Some(
@@ -607,10 +675,12 @@ impl DataDir {
                     .map_err(|why| damaged(&ck_path, why))?,
             ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(cause) => return Err(LogError::Io {
-                path: ck_path,
-                cause,
-            }),
+            Err(cause) => {
+                return Err(LogError::Io {
+                    path: ck_path,
+                    cause,
+                })
+            }
         };
         let (at, model_entries, mut volumes) = match checkpoint {
             Some(c) => (c.at, c.model_entries, c.volumes),
@@ -632,7 +702,8 @@ impl DataDir {
         let mut model_len = log::SEGMENT_HEADER_BYTES as u64;
         match std::fs::read(&model_path) {
             Ok(bytes) => {
-                let scan = log::scan_segment(&bytes, 0, 1).map_err(|why| damaged(&model_path, why))?;
+                let scan =
+                    log::scan_segment(&bytes, 0, 1).map_err(|why| damaged(&model_path, why))?;
                 if (scan.records.len() as u64) < model_entries {
                     return Err(damaged(
                         &model_path,
@@ -796,7 +867,7 @@ impl DataDir {
     pub fn load_pages(
         &self,
         pages: &[(Loc, u64)],
-        visit: &mut dyn FnMut(u64, &[u8]) -> Result<(), String>,
+        visit: &mut PageVisitor,
     ) -> Result<(), LogError> {
         let mut page = vec![0u8; self.page_bytes];
         let mut k = 0;
@@ -806,7 +877,9 @@ impl DataDir {
             let bytes = std::fs::read(&path).map_err(io(&path))?;
             while k < pages.len() && pages[k].0.segment() == segment {
                 let (loc, lpn) = pages[k];
-                let bad = |why: String| damaged(&path, format!("the record at byte {}: {why}", loc.offset()));
+                let bad = |why: String| {
+                    damaged(&path, format!("the record at byte {}: {why}", loc.offset()))
+                };
                 let r = bytes
                     .get(loc.offset()..loc.offset() + loc.bytes())
                     .ok_or_else(|| bad("beyond the end of the segment".into()))
@@ -868,11 +941,12 @@ impl DataDir {
         }
         let parent = match parent {
             None => DEVICE_VOLUME,
-            Some(p) => self
-                .volumes
-                .by_name(p)
-                .ok_or_else(|| format!("no snapshot or clone `{p}`"))?
-                .id,
+            Some(p) => {
+                self.volumes
+                    .by_name(p)
+                    .ok_or_else(|| format!("no snapshot or clone `{p}`"))?
+                    .id
+            }
         };
         if kind == VolumeKind::Device {
             return Err("a device is not made".into());
@@ -885,7 +959,14 @@ impl DataDir {
         let e = |e: LogError| e.to_string();
         let (seq, loc) = self
             .writer()
-            .append_volume(Kind::Volume, codec, id, u64::from(parent), 0, name.as_bytes())
+            .append_volume(
+                Kind::Volume,
+                codec,
+                id,
+                u64::from(parent),
+                0,
+                name.as_bytes(),
+            )
             .map_err(e)?;
         let record = Record {
             kind: Kind::Volume,
@@ -953,7 +1034,11 @@ impl DataDir {
             buf.extend_from_slice(&log::segment_header(0));
         }
         model
-            .set_len(if self.model_entries == 0 { 0 } else { self.model_len })
+            .set_len(if self.model_entries == 0 {
+                0
+            } else {
+                self.model_len
+            })
             .map_err(io(&model_path))?;
         for (k, r) in self.pending.iter().enumerate() {
             buf.extend_from_slice(&log::encode(
@@ -965,7 +1050,11 @@ impl DataDir {
                 &r.payload(),
             ));
         }
-        let start = if self.model_entries == 0 { 0 } else { self.model_len };
+        let start = if self.model_entries == 0 {
+            0
+        } else {
+            self.model_len
+        };
         model
             .write_all_at(&buf, start)
             .and_then(|_| model.sync_data())
@@ -998,7 +1087,10 @@ impl DataDir {
 
     /// Bytes appended to the log since the last checkpoint.
     pub fn since_checkpoint_bytes(&self) -> u64 {
-        let w = self.writer.as_ref().map_or(self.checkpoint_at, |w| w.position());
+        let w = self
+            .writer
+            .as_ref()
+            .map_or(self.checkpoint_at, |w| w.position());
         let per = log::MAX_SEGMENT_BYTES as u64;
         (w.segment * per + w.offset as u64)
             .saturating_sub(self.checkpoint_at.segment * per + self.checkpoint_at.offset as u64)
@@ -1157,7 +1249,9 @@ mod tests {
             let id = if name.is_empty() {
                 0
             } else {
-                d.volume_named(name).unwrap_or_else(|| panic!("`{name}` lost")).0
+                d.volume_named(name)
+                    .unwrap_or_else(|| panic!("`{name}` lost"))
+                    .0
             };
             for lpn in 0..PAGES {
                 let want = pages.get(&lpn).cloned().unwrap_or_else(|| vec![0u8; PAGE]);
@@ -1337,7 +1431,10 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("seg-") && (e.contains("from the future") || e.contains("missing")), "{e}");
+        assert!(
+            e.contains("seg-") && (e.contains("from the future") || e.contains("missing")),
+            "{e}"
+        );
 
         let path = later.path().join(CHECKPOINT_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
@@ -1355,7 +1452,10 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("seg-0000000000000000.log") && e.contains("missing"), "{e}");
+        assert!(
+            e.contains("seg-0000000000000000.log") && e.contains("missing"),
+            "{e}"
+        );
     }
 
     /// Cleaning deletes dead segments and keeps the device's data: the directory shrinks to
@@ -1381,7 +1481,10 @@ mod tests {
         let deleted = d.clean(0.5).unwrap();
         let after = d.disk_stats();
         assert!(deleted > 10, "{deleted}");
-        assert!(after.disk_bytes < before.disk_bytes / 4, "{before:?} {after:?}");
+        assert!(
+            after.disk_bytes < before.disk_bytes / 4,
+            "{before:?} {after:?}"
+        );
         assert!(after.cleaner_copied_bytes > 0 && after.host_waf > 0.0);
         let all = HashMap::from([(String::new(), oracle)]);
         assert_matches(&d, &all);

@@ -11,6 +11,7 @@
 //! page carries an xxh3 checksum of its stored bytes, seeded with its LPN, verified on read.
 
 pub mod backend;
+pub mod cache;
 pub mod codec;
 pub mod content_class;
 pub mod durable;

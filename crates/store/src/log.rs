@@ -76,10 +76,13 @@ impl Loc {
     pub const NONE: Loc = Loc(0);
 
     pub fn new(segment: u64, offset: usize, bytes: usize) -> Loc {
-        assert!(segment < 1 << 20, "segment {segment}: at most 2^20 segments");
-        assert!(offset % 8 == 0 && offset < MAX_SEGMENT_BYTES && offset > 0);
-        assert!(bytes % 8 == 0 && bytes / 8 < 1 << 21);
-        Loc(segment << 44 | (offset as u64 / 8) << 21 | bytes as u64 / 8)
+        assert!(
+            segment < 1 << 20,
+            "segment {segment}: at most 2^20 segments"
+        );
+        assert!(offset.is_multiple_of(8) && offset < MAX_SEGMENT_BYTES && offset > 0);
+        assert!(bytes.is_multiple_of(8) && bytes / 8 < 1 << 21);
+        Loc((segment << 44) | ((offset as u64 / 8) << 21) | (bytes as u64 / 8))
     }
 
     pub fn is_none(self) -> bool {
@@ -331,7 +334,7 @@ pub fn scan_segment_from(
     if bytes[..SEGMENT_HEADER_BYTES] != segment_header(index) {
         return Err(format!("the header does not say segment {index:016x}"));
     }
-    if start < SEGMENT_HEADER_BYTES || start > bytes.len() || start % 8 != 0 {
+    if start < SEGMENT_HEADER_BYTES || start > bytes.len() || !start.is_multiple_of(8) {
         return Err(format!(
             "{} bytes: no record can start at byte {start}",
             bytes.len()
@@ -578,22 +581,36 @@ pub struct Repaired {
 /// record; every later segment is renamed to `NAME.damaged`. Nothing is deleted. Afterwards
 /// `recover` succeeds.
 pub fn repair(dir: &Path) -> Result<Repaired, LogError> {
+    repair_from(dir, Position::START)
+}
+
+/// As `repair`, for the log from `from` (a checkpoint's position) on; earlier segments are
+/// left alone.
+pub fn repair_from(dir: &Path, from: Position) -> Result<Repaired, LogError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |cause| LogError::Io { path, cause }
     };
-    let indices = segment_indices(dir)?;
+    let indices: Vec<u64> = segment_indices(dir)?
+        .into_iter()
+        .filter(|&i| i >= from.segment)
+        .collect();
     let mut out = Repaired::default();
     let mut damaged_from = None;
-    let mut first_seq = 1;
+    let mut first_seq = from.seq;
     for (k, &index) in indices.iter().enumerate() {
         let path = segment_path(dir, index);
-        if index != k as u64 {
+        if index != from.segment + k as u64 {
             damaged_from = Some(k);
             break;
         }
         let bytes = std::fs::read(&path).map_err(io(&path))?;
-        match scan_segment(&bytes, index, first_seq) {
+        let start = if k == 0 {
+            from.offset
+        } else {
+            SEGMENT_HEADER_BYTES
+        };
+        match scan_segment_from(&bytes, index, start, Some(first_seq)) {
             Err(_) => {
                 damaged_from = Some(k);
                 break;
