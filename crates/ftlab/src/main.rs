@@ -19,6 +19,7 @@ mod mapbench_cmd;
 mod output;
 mod plot;
 mod serve;
+mod volumes_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -67,6 +68,18 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Verify a durable device's directory (`serve --data DIR`) offline: every record's
     /// checksum and sequence, every segment present; exit 1 when acknowledged data is damaged.
+    /// A durable device's snapshots and clones: create, list, delete (through the running
+    /// server's control socket when it is served).
+    Snapshot {
+        #[command(subcommand)]
+        command: volumes_cmd::SnapshotCommand,
+    },
+    /// Raw images in and out of a durable device's directory: export DIR[@NAME] FILE,
+    /// import FILE DIR.
+    Image {
+        #[command(subcommand)]
+        command: volumes_cmd::ImageCommand,
+    },
     Check {
         /// The directory `ftlab serve --data` keeps.
         dir: PathBuf,
@@ -416,6 +429,8 @@ fn main() {
         Command::Mapbench(args) => mapbench_cmd::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Check { dir, repair } => check(&dir, repair),
+        Command::Snapshot { command } => volumes_cmd::run_snapshot(command),
+        Command::Image { command } => volumes_cmd::run_image(command),
         Command::Presets => {
             for p in PRESETS {
                 println!("{:<20} {}", p.name, p.summary);

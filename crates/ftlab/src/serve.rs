@@ -373,7 +373,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         });
     }
-    if args.data.is_some() && !args.read_only {
+    if let Some(dir) = args.data.as_ref().filter(|_| !args.read_only) {
+        let control = crate::volumes_cmd::spawn_control(device.clone(), dir, stop.clone())?;
+        eprintln!(
+            "ftlab serve: snapshots and clones: `ftlab snapshot create {} NAME` (control socket {})",
+            dir.display(),
+            control.display()
+        );
         // Checkpoints and cleaning: a thread of their own, so the listeners never wait.
         let device = device.clone();
         let stop = stop.clone();

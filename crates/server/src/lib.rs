@@ -19,7 +19,7 @@ pub use ftlab_sim::placement::PlacementRanges;
 use ftlab_sim::report::{OpHistograms, Recorder};
 use ftlab_sim::ConfiguredFtl;
 use ftlab_store::codec::Codec;
-use ftlab_store::durable::{DataDir, ModelRequest};
+use ftlab_store::durable::{DataDir, ModelRequest, VolumeKind};
 use ftlab_store::{PageStore, StoreConfig, StoreStats};
 pub use incoming::Incoming;
 use protocol as p;
@@ -228,8 +228,8 @@ impl ExportSpec {
 /// What the handshake settled for a connection.
 #[derive(Clone, Copy, Debug)]
 struct Negotiated {
-    /// The export it serves (an index into the device's).
-    export: usize,
+    /// The export it serves.
+    export: Target,
     /// Structured replies (`NBD_OPT_STRUCTURED_REPLY`).
     structured: bool,
     /// The `base:allocation` metadata context (`NBD_OPT_SET_META_CONTEXT`), answered by
@@ -334,6 +334,8 @@ pub struct Device {
     state: Mutex<State>,
     /// Serialises read-modify-writes of partial pages.
     rmw: Mutex<()>,
+    /// The same for snapshots' and clones' pages.
+    volume_rmw: Mutex<()>,
     store: PageStore,
     size_bytes: u64,
     page_bytes: usize,
@@ -367,6 +369,16 @@ pub struct Device {
 
 fn specs_named(exports: &[Export], name: &str) -> bool {
     exports.iter().any(|e| e.spec.name == name)
+}
+
+/// What a connection serves: an export (an index into the device's), on the device itself
+/// (volume 0) or on a snapshot or clone of a durable device (`NAME@VOLUME`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    pub export: usize,
+    pub volume: u16,
+    /// A snapshot: read-only.
+    pub snapshot: bool,
 }
 
 /// Why a request failed, as an NBD error code.
@@ -564,6 +576,7 @@ impl Device {
             durable,
             clock_base_ns,
             rmw: Mutex::new(()),
+            volume_rmw: Mutex::new(()),
             state: Mutex::new(state),
             unix_start_ns: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -807,11 +820,32 @@ impl Device {
     }
 
     /// The export a client names: "" is the first.
-    fn export_named(&self, name: &str) -> Option<usize> {
-        if name.is_empty() {
-            return Some(0);
+    /// The export `name` names: an export's name ("" the first), or `EXPORT@VOLUME` for a
+    /// snapshot or clone of a durable device (`@VOLUME` alone: of the first export).
+    fn export_named(&self, name: &str) -> Option<Target> {
+        let (export, volume) = match name.split_once('@') {
+            Some((e, v)) => (e, Some(v)),
+            None => (name, None),
+        };
+        let export = if export.is_empty() {
+            0
+        } else {
+            self.exports.iter().position(|e| e.spec.name == export)?
+        };
+        match volume {
+            None => Some(Target {
+                export,
+                ..Target::default()
+            }),
+            Some(v) => {
+                let (volume, kind) = self.durable.as_ref()?.lock().volume_named(v)?;
+                Some(Target {
+                    export,
+                    volume,
+                    snapshot: kind == VolumeKind::Snapshot,
+                })
+            }
         }
-        self.exports.iter().position(|e| e.spec.name == name)
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -925,8 +959,8 @@ impl Device {
     /// holes reading as zeros, pages stored as zeros read as zeros, the rest is data. Adjacent
     /// pages of one kind make one extent; with `NBD_CMD_FLAG_REQ_ONE` the first extent alone is
     /// given. At most `MAX_STATUS_DESCRIPTORS` extents over `MAX_STATUS_SCAN_BYTES`.
-    fn block_status(&self, r: &p::Request, export: usize) -> Result<Vec<(u32, u32)>, Errno> {
-        let e = &self.exports[export];
+    fn block_status(&self, r: &p::Request, target: Target) -> Result<Vec<(u32, u32)>, Errno> {
+        let e = &self.exports[target.export];
         let end = r
             .offset
             .checked_add(u64::from(r.length))
@@ -941,7 +975,14 @@ impl Device {
         while at < end {
             let lpn = at / ps;
             let len = ((lpn + 1) * ps).min(end) - at;
-            let flags = match self.store.page_state(lpn) {
+            let state = match (target.volume, &self.durable) {
+                (0, _) | (_, None) => self.store.page_state(lpn),
+                (v, Some(d)) => match d.lock().locate(v, lpn) {
+                    Ok(None) => ftlab_store::PageState::Absent,
+                    _ => ftlab_store::PageState::Data,
+                },
+            };
+            let flags = match state {
                 ftlab_store::PageState::Absent => p::STATE_HOLE | p::STATE_ZERO,
                 ftlab_store::PageState::Zeros => p::STATE_ZERO,
                 ftlab_store::PageState::Data => 0,
@@ -1256,8 +1297,11 @@ impl Device {
 
     /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
     /// in one chunk anyway.
-    fn transmission_flags(&self, structured: bool, export: usize) -> u16 {
-        let read_only = if self.options.read_only || self.exports[export].spec.read_only {
+    fn transmission_flags(&self, structured: bool, target: Target) -> u16 {
+        let read_only = if self.options.read_only
+            || self.exports[target.export].spec.read_only
+            || target.snapshot
+        {
             p::TF_READ_ONLY
         } else {
             0
@@ -1290,9 +1334,9 @@ impl Device {
         payload: &[u8],
         out: &mut Vec<u8>,
         alone: bool,
-        export: usize,
+        target: Target,
     ) -> Result<u64, Errno> {
-        let e = &self.exports[export];
+        let e = &self.exports[target.export];
         // A load first: a swap on every request would be a locked instruction each.
         if self.panic_next_request.load(Ordering::Relaxed)
             && self.panic_next_request.swap(false, Ordering::SeqCst)
@@ -1311,7 +1355,7 @@ impl Device {
         let in_range = offset
             .checked_add(length)
             .is_some_and(|end| end <= e.size_bytes);
-        let read_only = self.options.read_only || e.spec.read_only;
+        let read_only = self.options.read_only || e.spec.read_only || target.snapshot;
         match r.command {
             p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_TRIM if read_only => return Err(p::EPERM),
             // A hint to bring data near: there is no nearer than RAM, so nothing to do.
@@ -1320,6 +1364,9 @@ impl Device {
             p::CMD_WRITE | p::CMD_WRITE_ZEROES if !in_range => return Err(p::ENOSPC),
             p::CMD_READ | p::CMD_TRIM | p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_FLUSH => {}
             _ => return Err(p::EINVAL),
+        }
+        if target.volume != 0 {
+            return self.execute_volume(r, payload, out, target, offset, length);
         }
         e.requests.fetch_add(1, Ordering::Relaxed);
         let counter = match r.command {
@@ -1506,6 +1553,147 @@ impl Device {
             }
         }
         Ok(done - now)
+    }
+}
+
+impl Device {
+    /// A page of a snapshot or clone: from the cache of decompressed records, or read from the
+    /// log (its record found under the directory's lock, read outside it). Records never
+    /// change once written, so the cache is keyed by where they are and is never stale.
+    fn volume_page(&self, d: &Durable, volume: u16, lpn: u64, out: &mut [u8]) -> Result<(), Errno> {
+        let located = d.lock().locate(volume, lpn).map_err(|_| p::EIO)?;
+        let Some(located) = located else {
+            out.fill(0);
+            return Ok(());
+        };
+        let key = located.loc().0;
+        if let Some(page) = d.cache.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            out.copy_from_slice(page);
+            return Ok(());
+        }
+        located.read_page(out).map_err(|_| p::EIO)?;
+        d.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, out);
+        Ok(())
+    }
+
+    /// A request on a snapshot or clone (checked, in range, writable when it writes). These
+    /// are the host's copies, as qcow2's are: they live in the log and the cache, not in the
+    /// page store, and the FTL model does not see them (docs/serve.md).
+    fn execute_volume(
+        &self,
+        r: &p::Request,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+        target: Target,
+        offset: u64,
+        length: u64,
+    ) -> Result<u64, Errno> {
+        let d = self.durable.as_ref().ok_or(p::EINVAL)?;
+        let e = &self.exports[target.export];
+        e.requests.fetch_add(1, Ordering::Relaxed);
+        let volume = target.volume;
+        let span = PageSpan::new(e.base_bytes + offset, length, self.page_bytes as u64);
+        let mut page = vec![0u8; self.page_bytes];
+        match r.command {
+            p::CMD_READ => {
+                e.read_bytes.fetch_add(length, Ordering::Relaxed);
+                for lpn in span.touched() {
+                    let (a, b) = span.covered(lpn);
+                    self.volume_page(d, volume, lpn, &mut page)?;
+                    out.extend_from_slice(&page[a..b]);
+                }
+            }
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
+                e.written_bytes.fetch_add(length, Ordering::Relaxed);
+                let zeroes = r.command == p::CMD_WRITE_ZEROES;
+                let mut at = 0usize;
+                for lpn in span.touched() {
+                    let (a, b) = span.covered(lpn);
+                    if b - a == self.page_bytes && zeroes {
+                        Durable::trim(&mut d.lock(), volume, lpn, 1)?;
+                    } else if b - a == self.page_bytes {
+                        let bytes = &payload[at..at + self.page_bytes];
+                        Durable::page(&mut d.lock(), volume, lpn, bytes)?;
+                    } else {
+                        // Under a read-modify-write lock of their own: the device's is taken
+                        // inside the directory's lock, this one outside it.
+                        let _rmw = self.volume_rmw.lock().unwrap_or_else(|p| p.into_inner());
+                        self.volume_page(d, volume, lpn, &mut page)?;
+                        if zeroes {
+                            page[a..b].fill(0);
+                        } else {
+                            page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
+                        }
+                        Durable::page(&mut d.lock(), volume, lpn, &page)?;
+                    }
+                    at += b - a;
+                }
+            }
+            p::CMD_TRIM => {
+                e.trimmed_bytes.fetch_add(length, Ordering::Relaxed);
+                let whole = span.whole();
+                Durable::trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
+            }
+            _ => {}
+        }
+        let fua = r.flags & p::CMD_FLAG_FUA != 0;
+        let due = match d.mode {
+            Durability::Flush => fua || r.command == p::CMD_FLUSH,
+            Durability::Always => fua || r.command != p::CMD_READ,
+            Durability::Never => false,
+        };
+        if due {
+            d.sync()?;
+        }
+        Ok(0)
+    }
+
+    /// Makes a snapshot (read-only) or clone (writable) of the device or of snapshot or
+    /// clone `from`, named `name`: no data copied (docs/serve.md, "Snapshots and clones").
+    pub fn create_volume(
+        &self,
+        from: Option<&str>,
+        name: &str,
+        clone: bool,
+    ) -> Result<u16, String> {
+        let d = self.writable_durable()?;
+        let kind = if clone {
+            VolumeKind::Clone
+        } else {
+            VolumeKind::Snapshot
+        };
+        let id = d.lock().create_volume(from, name, kind)?;
+        d.synced_seq
+            .fetch_max(d.lock().last_seq(), Ordering::AcqRel);
+        Ok(id)
+    }
+
+    /// Deletes a snapshot or clone; the cleaner frees the records only it held.
+    pub fn delete_volume(&self, name: &str) -> Result<(), String> {
+        let d = self.writable_durable()?;
+        d.lock().delete_volume(name)?;
+        d.synced_seq
+            .fetch_max(d.lock().last_seq(), Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The device's snapshots and clones (and the device itself, first).
+    pub fn volumes(&self) -> Vec<ftlab_store::durable::VolumeInfo> {
+        self.durable
+            .as_ref()
+            .map(|d| d.lock().volumes())
+            .unwrap_or_default()
+    }
+
+    fn writable_durable(&self) -> Result<&Durable, String> {
+        match &self.durable {
+            None => Err("snapshots need a durable device (serve --data DIR)".into()),
+            Some(_) if self.options.read_only => Err("the device is read-only".into()),
+            Some(d) => Ok(d),
+        }
     }
 }
 
@@ -1722,7 +1910,7 @@ fn handshake<R: Read, W: Write>(
                     return Err(ConnectionError::UnknownExport(name.into_owned()));
                 };
                 export = named;
-                send(w, &device.exports[export].size_bytes.to_be_bytes())?;
+                send(w, &device.exports[export.export].size_bytes.to_be_bytes())?;
                 send(
                     w,
                     &device.transmission_flags(structured, export).to_be_bytes(),
@@ -1744,11 +1932,19 @@ fn handshake<R: Read, W: Write>(
                         &p::option_reply(header.option, p::REP_ERR_INVALID, b"LIST takes no data"),
                     )?;
                 } else {
-                    for e in &device.exports {
-                        let name = e.spec.name.as_bytes();
-                        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-                        d.extend_from_slice(name);
-                        send(w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
+                    // Each export, then each on every snapshot and clone.
+                    let volumes = device.volumes();
+                    let on = std::iter::once(None).chain(volumes.iter().skip(1).map(Some));
+                    for v in on {
+                        for e in &device.exports {
+                            let name = match v {
+                                None => e.spec.name.clone(),
+                                Some(v) => format!("{}@{}", e.spec.name, v.name),
+                            };
+                            let mut d = (name.len() as u32).to_be_bytes().to_vec();
+                            d.extend_from_slice(name.as_bytes());
+                            send(w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
+                        }
                     }
                     send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
                 }
@@ -1837,7 +2033,7 @@ fn handshake<R: Read, W: Write>(
                 Ok(go) => {
                     let named = device.export_named(&go.name).expect("checked by name_ok");
                     let info = p::info_export(
-                        device.exports[named].size_bytes,
+                        device.exports[named.export].size_bytes,
                         device.transmission_flags(structured, named),
                     );
                     send(w, &p::option_reply(header.option, p::REP_INFO, &info))?;

@@ -90,7 +90,7 @@ impl LocMap {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VolumeKind {
     /// The device itself (volume 0), served as the exports.
@@ -114,7 +114,7 @@ pub struct Volume {
 }
 
 /// What `DataDir::volumes` lists.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct VolumeInfo {
     pub id: u16,
     pub name: String,
@@ -379,6 +379,11 @@ pub struct Located {
 }
 
 impl Located {
+    /// Where the record is: records never change once written, so this names its bytes.
+    pub fn loc(&self) -> Loc {
+        self.loc
+    }
+
     /// Reads and verifies the record, and decodes its page into `out`.
     pub fn read_page(&self, out: &mut [u8]) -> Result<(), LogError> {
         let mut bytes = vec![0u8; self.loc.bytes()];
@@ -419,6 +424,9 @@ pub struct DataDir {
     checkpoint_at: Position,
     files: Arc<SegmentFiles>,
     stats: DiskStats,
+    /// `DIR/lock`, locked (exclusively when writable, shared when read-only) while open:
+    /// two processes never write one directory.
+    _lock: Option<File>,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> LogError + '_ {
@@ -429,7 +437,7 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> LogError + '_ {
 }
 
 fn damaged(path: &Path, why: impl Into<String>) -> LogError {
-    LogError::BadSegment {
+    LogError::Damaged {
         path: path.to_path_buf(),
         why: why.into(),
     }
@@ -593,6 +601,9 @@ fn decode_checkpoint(bytes: &[u8], pages: u64, page_bytes: usize) -> Result<Chec
     })
 }
 
+/// The file locked while a directory is open.
+pub const LOCK_FILE: &str = "lock";
+
 /// The file naming the device a directory was made for.
 pub const DEVICE_FILE: &str = "device";
 
@@ -639,6 +650,33 @@ impl DataDir {
     ) -> Result<(DataDir, Opened), LogError> {
         if !read_only {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = if read_only {
+            File::open(&lock_path).ok()
+        } else {
+            Some(
+                OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&lock_path)
+                    .map_err(io(&lock_path))?,
+            )
+        };
+        if let Some(f) = &lock {
+            let locked = if read_only {
+                f.try_lock_shared()
+            } else {
+                f.try_lock()
+            };
+            if locked.is_err() {
+                return Err(damaged(
+                    dir,
+                    "in use by another ftlab (a running `serve --data`? snapshots go through its \
+                     control socket)",
+                ));
+            }
         }
         match device_geometry(dir)? {
             Some(made) if made != (pages, page_bytes) => {
@@ -763,6 +801,7 @@ impl DataDir {
             checkpoint_at: at,
             files,
             stats: DiskStats::default(),
+            _lock: lock,
         };
         data.refresh_disk_stats();
         Ok((data, opened))
@@ -853,11 +892,15 @@ impl DataDir {
     /// The device's pages, each with where it is in the log, in log order (to load them
     /// segment by segment).
     pub fn device_pages(&self) -> Vec<(Loc, u64)> {
-        let mut pages: Vec<(Loc, u64)> = self.volumes.list[0]
-            .map
-            .mapped()
-            .map(|(lpn, loc)| (loc, lpn))
-            .collect();
+        self.volume_pages(DEVICE_VOLUME)
+    }
+
+    /// As `device_pages`, for volume `id` (none when it does not exist).
+    pub fn volume_pages(&self, id: u16) -> Vec<(Loc, u64)> {
+        let Some(v) = self.volumes.get(id) else {
+            return Vec::new();
+        };
+        let mut pages: Vec<(Loc, u64)> = v.map.mapped().map(|(lpn, loc)| (loc, lpn)).collect();
         pages.sort_unstable();
         pages
     }

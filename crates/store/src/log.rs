@@ -164,6 +164,10 @@ pub enum LogError {
     },
     #[error("{path}: not a segment of an ftlab device log ({why})")]
     BadSegment { path: PathBuf, why: String },
+    /// A file of a device directory (checkpoint, model archive, device file) or the directory
+    /// itself is not what it must be.
+    #[error("{path}: {why}")]
+    Damaged { path: PathBuf, why: String },
     #[error("{dir}: segment {missing:016x} is missing between {before:016x} and {after:016x}: records after the gap cannot be trusted")]
     MissingSegment {
         dir: PathBuf,
@@ -482,7 +486,7 @@ pub fn recover_from(
         next_seq: from.seq,
         ..Default::default()
     };
-    let future = |why: String| LogError::BadSegment {
+    let future = |why: String| LogError::Damaged {
         path: segment_path(dir, from.segment),
         why: format!(
             "the checkpoint counts records up to byte {} (sequence {}) but {why}: records a \
@@ -524,7 +528,7 @@ pub fn recover_from(
         })?;
         let last = k + 1 == indices.len();
         for r in &scan.records {
-            visit(r).map_err(|why| LogError::BadSegment {
+            visit(r).map_err(|why| LogError::Damaged {
                 path: path.clone(),
                 why: format!("record {} at byte {}: {why}", r.seq, r.offset),
             })?;
