@@ -1442,3 +1442,119 @@ fn the_model_after_a_crash_reports_what_it_did_before() {
     assert!(again.recovery_summary().unwrap().contains("model requests"));
     assert_eq!(again.model_report_json(at), before);
 }
+
+/// Snapshots and clones of a durable device, through the server: a snapshot reads what the
+/// device held when it was made while the device and a clone of it are written (whole and
+/// partial pages, zeroes, trims); it refuses writes; the clone reads its own writes over the
+/// snapshot's pages; LIST names them; after a crash all read the same; deleting the snapshot
+/// leaves the clone whole, and its name is gone.
+#[test]
+fn snapshots_never_change_while_the_device_and_clones_are_written() {
+    let dir = temp_dir("snapshots");
+    let c = config(
+        "femu",
+        &[
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+        ],
+    );
+    let options = || DeviceOptions {
+        data: Some(dir.join("data")),
+        ..options()
+    };
+    let pattern = |tag: u8, len: usize| -> Vec<u8> {
+        (0..len).map(|i| tag.wrapping_add((i / 97) as u8)).collect()
+    };
+    let device = Arc::new(Device::new(&c, options()).unwrap());
+    let (mut dev, h, _) = open_export(&device, "ftlab");
+    let a = pattern(1, 256 << 10);
+    assert_eq!(dev.request(p::CMD_WRITE, 0, 0, a.len() as u32, &a).0, 0);
+    assert!(device.create_volume(None, "s1", false).is_ok());
+    assert!(device.create_volume(Some("s1"), "c1", true).is_ok());
+    assert!(
+        device.create_volume(None, "s1", false).is_err(),
+        "a name twice"
+    );
+    assert!(device.create_volume(None, "../x", false).is_err(), "a path");
+    // The device overwritten; the clone written partly, zeroed and trimmed.
+    let b = pattern(2, 128 << 10);
+    assert_eq!(dev.request(p::CMD_WRITE, 0, 4096, b.len() as u32, &b).0, 0);
+    assert_eq!(dev.request(p::CMD_TRIM, 0, 200 << 10, 8192, &[]).0, 0);
+    let (mut clone, hc, size) = open_export(&device, "ftlab@c1");
+    assert_eq!(size, SIZE);
+    let cdata = pattern(3, 10_000);
+    assert_eq!(clone.request(p::CMD_WRITE, 0, 1000, 10_000, &cdata).0, 0);
+    assert_eq!(
+        clone.request(p::CMD_WRITE_ZEROES, 0, 64 << 10, 8192, &[]).0,
+        0
+    );
+    assert_eq!(clone.request(p::CMD_TRIM, 0, 128 << 10, 4096, &[]).0, 0);
+    assert_eq!(clone.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+    let mut want_clone = a.clone();
+    want_clone[1000..11_000].copy_from_slice(&cdata);
+    want_clone[64 << 10..(64 << 10) + 8192].fill(0);
+    want_clone[128 << 10..(128 << 10) + 4096].fill(0);
+    let mut want_dev = a.clone();
+    want_dev[4096..4096 + b.len()].copy_from_slice(&b);
+    want_dev[200 << 10..(200 << 10) + 8192].fill(0);
+    let (mut snap, hs, _) = open_export(&device, "ftlab@s1");
+    let read_all = |c: &mut Client| c.request(p::CMD_READ, 0, 0, 256 << 10, &[]).1;
+    assert!(read_all(&mut snap) == a, "the snapshot changed");
+    assert!(read_all(&mut clone) == want_clone, "the clone");
+    assert!(read_all(&mut dev) == want_dev, "the device");
+    assert_eq!(
+        snap.request(p::CMD_WRITE, 0, 0, 4096, &a[..4096]).0,
+        p::EPERM
+    );
+    for mut c in [dev, clone, snap] {
+        c.disconnect();
+    }
+    for h in [h, hc, hs] {
+        h.join().unwrap().unwrap();
+    }
+    let names: Vec<String> = list_exports(&device);
+    assert_eq!(names, ["ftlab", "ftlab@s1", "ftlab@c1"]);
+    // A crash, then the same.
+    drop(device);
+    let device = Arc::new(Device::new(&c, options()).unwrap());
+    let (mut snap, hs, _) = open_export(&device, "ftlab@s1");
+    assert!(read_all(&mut snap) == a, "the snapshot after a crash");
+    snap.disconnect();
+    hs.join().unwrap().unwrap();
+    device.delete_volume("s1").unwrap();
+    assert_eq!(list_exports(&device), ["ftlab", "ftlab@c1"]);
+    let (mut clone, hc, _) = open_export(&device, "ftlab@c1");
+    assert!(
+        read_all(&mut clone) == want_clone,
+        "the clone after its parent went"
+    );
+    clone.disconnect();
+    hc.join().unwrap().unwrap();
+    let (mut dev, h, _) = open_export(&device, "ftlab");
+    assert!(read_all(&mut dev) == want_dev, "the device after a crash");
+    dev.disconnect();
+    h.join().unwrap().unwrap();
+}
+
+/// The export names NBD_OPT_LIST gives.
+fn list_exports(device: &Arc<Device>) -> Vec<String> {
+    let (mut s, h) = connect(device);
+    greet(&mut s);
+    option(&mut s, p::OPT_LIST, &[]);
+    let mut names = Vec::new();
+    loop {
+        let (kind, d) = option_reply(&mut s);
+        if kind == p::REP_ACK {
+            break;
+        }
+        assert_eq!(kind, p::REP_SERVER);
+        let len = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
+        names.push(String::from_utf8(d[4..4 + len].to_vec()).unwrap());
+    }
+    option(&mut s, p::OPT_ABORT, &[]);
+    let _ = option_reply(&mut s);
+    drop(s);
+    let _ = h.join();
+    names
+}
