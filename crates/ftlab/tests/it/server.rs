@@ -1261,7 +1261,7 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
     let mut since: Vec<Vec<u64>> = vec![Vec::new(); pages as usize];
     let mut rng = SplitMix64::new(23);
     let mut version = 0;
-    for round in 0..4 {
+    for round in 0..crate::tools::crash_iterations().max(4) {
         let (mut child, mut c) = start(&[], std::process::Stdio::piped());
         // What survived the last kill.
         for lpn in 0..pages {

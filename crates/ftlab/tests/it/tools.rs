@@ -742,3 +742,123 @@ fn qemu_img_and_ftlab_image_move_images_in_and_out_of_a_durable_device() {
     // The imported pages reached the model through its log: 1 MiB + 12 KiB + 1 MiB written.
     assert!(summary.contains("host write pages 515,"), "{summary}");
 }
+
+/// Iterations of the crash loops: a few here, `scripts/crash-loop.sh` runs 200.
+pub fn crash_iterations() -> u64 {
+    std::env::var("FTLAB_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3)
+}
+
+/// fio writes with verify headers (4 KiB random writes, QD 16, a flush every 64) to a durable
+/// device served with `--durability always`, and the server is killed with SIGKILL at a random
+/// moment; restarted on the same directory, fio verifies every write it issued but the last
+/// QD (those may not have been acknowledged: any acknowledged one must be there). Each
+/// iteration has its own seed, so a page that lost its write would hold the previous
+/// iteration's header and fail. Checkpoints and the cleaner run during the loop (a
+/// checkpoint every 4 MiB); `ftlab check` verifies the directory at the end.
+#[test]
+fn fio_verify_survives_a_kill_9_loop() {
+    const TEST: &str = "fio_verify_survives_a_kill_9_loop";
+    if !have_fio_nbd() {
+        return skip(
+            TEST,
+            "fio with the nbd ioengine is not installed (apt-get install fio)",
+        );
+    }
+    let work = temp_dir("crash-loop");
+    let data = work.join("data").display().to_string();
+    let size = 64u64 << 20;
+    let args = [
+        "--data",
+        &data,
+        "--durability",
+        "always",
+        "--checkpoint-every",
+        "4M",
+        "--set",
+        "flash.blocks_per_die=4",
+        "--set",
+        "flash.superblock_dies=1",
+    ];
+    let mut rng = ftlab_core::rng::SplitMix64::new(74);
+    let fio = |uri: &str, seed: u64, extra: &[&str]| {
+        Command::new("fio")
+            .current_dir(work.path())
+            .args([
+                "--name=crash",
+                "--ioengine=nbd",
+                "--rw=randwrite",
+                "--bs=4k",
+            ])
+            .args(["--iodepth=16", "--verify=crc32c"])
+            .arg(format!("--uri={uri}"))
+            .arg(format!("--size={size}"))
+            .arg(format!("--randseed={seed}"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let mut verified = 0u64;
+    for i in 0..crash_iterations() {
+        let server = Server::start_with("crash-loop", size, &args);
+        let uri = server.uri();
+        let pid = server.child.id() as i32;
+        let delay_ms = 150 + rng.bounded(900);
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        let out = fio(
+            &uri,
+            1000 + i,
+            &[
+                "--do_verify=0",
+                "--time_based",
+                "--runtime=60",
+                "--fsync=64",
+            ],
+        );
+        killer.join().unwrap();
+        drop(server);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let issued: u64 = text
+            .split("issued rwts: total=0,")
+            .nth(1)
+            .and_then(|t| t.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let Some(sure) = issued.checked_sub(16).filter(|&n| n > 0) else {
+            continue;
+        };
+        let server = Server::start_with("crash-loop", size, &args);
+        let out = fio(
+            &server.uri(),
+            1000 + i,
+            &[
+                "--verify_only",
+                "--verify_fatal=1",
+                &format!("--io_size={}", sure * 4096),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("err= 0"),
+            "iteration {i}: {sure} of {issued} writes verified?\n{text}"
+        );
+        verified += sure;
+        server.stop();
+    }
+    assert!(verified > 0, "no iteration wrote anything before its kill");
+    let checked = run(Command::new(env!("CARGO_BIN_EXE_ftlab"))
+        .arg("check")
+        .arg(&data));
+    assert!(checked.contains("verify"), "{checked}");
+    eprintln!(
+        "{TEST}: {} iterations, {verified} writes verified",
+        crash_iterations()
+    );
+}
