@@ -565,7 +565,7 @@ impl Device {
         };
         let (durable, clock_base_ns) = match &options.data {
             Some(dir) => {
-                let (d, clock) = Self::recover(dir, &store, &mut state, &geometry, &options)?;
+                let (d, clock) = Self::recover(dir, &mut state, &geometry, &options)?;
                 (Some(d), clock)
             }
             None => (None, 0),
@@ -596,13 +596,12 @@ impl Device {
         })
     }
 
-    /// Opens the device directory `dir` (created when absent): loads the device's pages into
-    /// the page store, and replays every request the FTL model saw, in order and at its arrival
-    /// time, so the model is what it was (the same report as without a crash). Returns the
-    /// directory and the model's clock.
+    /// Opens the device directory `dir` (created when absent; its pages stay in the log, read
+    /// through the cache), and replays every request the FTL model saw, in order and at its
+    /// arrival time, so the model is what it was (the same report as without a crash).
+    /// Returns the directory and the model's clock.
     fn recover(
         dir: &std::path::Path,
-        store: &PageStore,
         state: &mut State,
         geometry: &ftlab_core::geometry::Geometry,
         options: &DeviceOptions,
@@ -616,11 +615,6 @@ impl Device {
             options.read_only,
             LOG_SEGMENT_BYTES,
         )
-        .map_err(log_error)?;
-        let pages = data.device_pages();
-        data.load_pages(&pages, &mut |lpn, page| {
-            store.write(lpn, page).map_err(|e| e.to_string())
-        })
         .map_err(log_error)?;
         let mut clock_ns = 0;
         for (k, r) in opened.requests.iter().enumerate() {
@@ -976,7 +970,7 @@ impl Device {
             let lpn = at / ps;
             let len = ((lpn + 1) * ps).min(end) - at;
             let state = match (target.volume, &self.durable) {
-                (0, _) | (_, None) => self.store.page_state(lpn),
+                (_, None) => self.store.page_state(lpn),
                 (v, Some(d)) => match d.lock().locate(v, lpn) {
                     Ok(None) => ftlab_store::PageState::Absent,
                     _ => ftlab_store::PageState::Data,
@@ -1399,93 +1393,78 @@ impl Device {
         let batched = alone && whole_end - whole_first >= BATCH_PAGES as u64;
         // Only partial pages need it: most requests don't pay for a page of zeros.
         let mut page = Vec::new();
-        // Data phase.
-        match r.command {
-            p::CMD_READ => {
-                // Behind the reply header `answer` left room for, reserved already.
-                for lpn in touched {
-                    if batched && lpn == whole_first {
-                        // Whole pages in one parallel batch, straight into the reply.
-                        let lpns: Vec<u64> = (whole_first..whole_end).collect();
-                        let at = out.len();
-                        out.resize(at + lpns.len() * self.page_bytes, 0);
-                        self.store
-                            .read_batch(&lpns, &mut out[at..])
-                            .map_err(store_errno)?;
-                    } else if !batched || lpn < whole_first || lpn >= whole_end {
+        // Data phase: a durable device's pages are in its log (the host's page cache and the
+        // cache of decompressed pages serve reads), not in the page store.
+        if let Some(d) = &self.durable {
+            self.volume_data(d, r, payload, out, 0, &span)?;
+        } else {
+            match r.command {
+                p::CMD_READ => {
+                    // Behind the reply header `answer` left room for, reserved already.
+                    for lpn in touched {
+                        if batched && lpn == whole_first {
+                            // Whole pages in one parallel batch, straight into the reply.
+                            let lpns: Vec<u64> = (whole_first..whole_end).collect();
+                            let at = out.len();
+                            out.resize(at + lpns.len() * self.page_bytes, 0);
+                            self.store
+                                .read_batch(&lpns, &mut out[at..])
+                                .map_err(store_errno)?;
+                        } else if !batched || lpn < whole_first || lpn >= whole_end {
+                            let (a, b) = span.covered(lpn);
+                            if b - a == self.page_bytes {
+                                let at = out.len();
+                                out.resize(at + self.page_bytes, 0);
+                                self.store.read(lpn, &mut out[at..]).map_err(store_errno)?;
+                            } else {
+                                page.resize(self.page_bytes, 0);
+                                self.store.read(lpn, &mut page).map_err(store_errno)?;
+                                out.extend_from_slice(&page[a..b]);
+                            }
+                        }
+                    }
+                }
+                p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
+                    let zeroes = r.command == p::CMD_WRITE_ZEROES;
+                    let mut at = 0usize;
+                    for lpn in touched {
                         let (a, b) = span.covered(lpn);
                         if b - a == self.page_bytes {
-                            let at = out.len();
-                            out.resize(at + self.page_bytes, 0);
-                            self.store.read(lpn, &mut out[at..]).map_err(store_errno)?;
+                            if zeroes {
+                                self.store.trim(lpn);
+                            } else if !batched {
+                                let bytes = &payload[at..at + self.page_bytes];
+                                self.store.write(lpn, bytes).map_err(store_errno)?;
+                            } else if lpn == whole_first {
+                                // The whole pages go as one batch, compressed in parallel.
+                                let lpns: Vec<u64> = (whole_first..whole_end).collect();
+                                let bytes = lpns.len() * self.page_bytes;
+                                let pages = &payload[at..at + bytes];
+                                self.store.write_batch(&lpns, pages).map_err(store_errno)?;
+                            }
                         } else {
+                            let _rmw = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
                             page.resize(self.page_bytes, 0);
                             self.store.read(lpn, &mut page).map_err(store_errno)?;
-                            out.extend_from_slice(&page[a..b]);
+                            if zeroes {
+                                page[a..b].fill(0);
+                            } else {
+                                page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
+                            }
+                            self.store.write(lpn, &page).map_err(store_errno)?;
                         }
+                        at += b - a;
                     }
                 }
-            }
-            p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
-                let zeroes = r.command == p::CMD_WRITE_ZEROES;
-                let mut at = 0usize;
-                for lpn in touched {
-                    let (a, b) = span.covered(lpn);
-                    // A durable device logs each change with the store's under the log's lock,
-                    // so the log's order of two writes to one page is the store's.
-                    let mut log = self.durable.as_ref().map(Durable::lock);
-                    if b - a == self.page_bytes {
-                        if zeroes {
-                            self.store.trim(lpn);
-                            if let Some(log) = &mut log {
-                                Durable::trim(log, 0, lpn, 1)?;
-                            }
-                        } else if !batched {
-                            let bytes = &payload[at..at + self.page_bytes];
-                            self.store.write(lpn, bytes).map_err(store_errno)?;
-                            if let Some(log) = &mut log {
-                                Durable::page(log, 0, lpn, bytes)?;
-                            }
-                        } else if lpn == whole_first {
-                            // The whole pages go as one batch, compressed in parallel.
-                            let lpns: Vec<u64> = (whole_first..whole_end).collect();
-                            let bytes = lpns.len() * self.page_bytes;
-                            let pages = &payload[at..at + bytes];
-                            self.store.write_batch(&lpns, pages).map_err(store_errno)?;
-                            if let Some(log) = &mut log {
-                                for (&l, bytes) in lpns.iter().zip(pages.chunks(self.page_bytes)) {
-                                    Durable::page(log, 0, l, bytes)?;
-                                }
-                            }
-                        }
-                    } else {
-                        let _rmw = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
-                        page.resize(self.page_bytes, 0);
-                        self.store.read(lpn, &mut page).map_err(store_errno)?;
-                        if zeroes {
-                            page[a..b].fill(0);
-                        } else {
-                            page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
-                        }
-                        self.store.write(lpn, &page).map_err(store_errno)?;
-                        if let Some(log) = &mut log {
-                            Durable::page(log, 0, lpn, &page)?;
-                        }
+                p::CMD_TRIM => {
+                    for lpn in whole_first..whole_end {
+                        self.store.trim(lpn);
                     }
-                    at += b - a;
                 }
+                _ => {}
             }
-            p::CMD_TRIM => {
-                let mut log = self.durable.as_ref().map(Durable::lock);
-                for lpn in whole_first..whole_end {
-                    self.store.trim(lpn);
-                }
-                if let Some(log) = &mut log {
-                    Durable::trim(log, 0, whole_first, whole_end - whole_first)?;
-                }
-            }
-            _ => {}
         }
+
         // Model phase.
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests += 1;
@@ -1594,12 +1573,47 @@ impl Device {
         let d = self.durable.as_ref().ok_or(p::EINVAL)?;
         let e = &self.exports[target.export];
         e.requests.fetch_add(1, Ordering::Relaxed);
-        let volume = target.volume;
+        let counter = match r.command {
+            p::CMD_READ => Some(&e.read_bytes),
+            p::CMD_WRITE | p::CMD_WRITE_ZEROES => Some(&e.written_bytes),
+            p::CMD_TRIM => Some(&e.trimmed_bytes),
+            _ => None,
+        };
+        if let Some(c) = counter {
+            c.fetch_add(length, Ordering::Relaxed);
+        }
         let span = PageSpan::new(e.base_bytes + offset, length, self.page_bytes as u64);
-        let mut page = vec![0u8; self.page_bytes];
+        self.volume_data(d, r, payload, out, target.volume, &span)?;
+        let fua = r.flags & p::CMD_FLAG_FUA != 0;
+        let due = match d.mode {
+            Durability::Flush => fua || r.command == p::CMD_FLUSH,
+            Durability::Always => fua || r.command != p::CMD_READ,
+            Durability::Never => false,
+        };
+        if due {
+            d.sync()?;
+        }
+        Ok(0)
+    }
+
+    /// The data phase of a request on a durable device's volume (the device itself: 0): pages
+    /// read from the log through the cache, written to it (packed before the directory's lock
+    /// is taken, then appended under it with the map updated in the same hold: the log's order
+    /// is the volume's).
+    fn volume_data(
+        &self,
+        d: &Durable,
+        r: &p::Request,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+        volume: u16,
+        span: &PageSpan,
+    ) -> Result<(), Errno> {
+        let ps = self.page_bytes;
+        let mut page = vec![0u8; ps];
+        let whole = span.whole();
         match r.command {
             p::CMD_READ => {
-                e.read_bytes.fetch_add(length, Ordering::Relaxed);
                 for lpn in span.touched() {
                     let (a, b) = span.covered(lpn);
                     self.volume_page(d, volume, lpn, &mut page)?;
@@ -1607,19 +1621,33 @@ impl Device {
                 }
             }
             p::CMD_WRITE | p::CMD_WRITE_ZEROES => {
-                e.written_bytes.fetch_add(length, Ordering::Relaxed);
                 let zeroes = r.command == p::CMD_WRITE_ZEROES;
+                // The whole pages first: packed outside the lock, appended in one hold.
+                if whole.start < whole.end && zeroes {
+                    Durable::trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
+                } else if whole.start < whole.end {
+                    let first = span.touched().start;
+                    let skip = if whole.start > first {
+                        let (a, b) = span.covered(first);
+                        b - a
+                    } else {
+                        0
+                    };
+                    let pages = &payload[skip..skip + (whole.end - whole.start) as usize * ps];
+                    let packed: Vec<(u8, Vec<u8>)> =
+                        pages.chunks(ps).map(ftlab_store::log::pack_page).collect();
+                    let mut data = d.lock();
+                    for (lpn, (codec, bytes)) in whole.clone().zip(&packed) {
+                        data.write_packed(volume, lpn, ps, *codec, bytes)
+                            .map_err(|_| p::EIO)?;
+                    }
+                }
+                // Then the partial pages at the ends: read, modified and written under the
+                // read-modify-write lock (taken outside the directory's).
                 let mut at = 0usize;
                 for lpn in span.touched() {
                     let (a, b) = span.covered(lpn);
-                    if b - a == self.page_bytes && zeroes {
-                        Durable::trim(&mut d.lock(), volume, lpn, 1)?;
-                    } else if b - a == self.page_bytes {
-                        let bytes = &payload[at..at + self.page_bytes];
-                        Durable::page(&mut d.lock(), volume, lpn, bytes)?;
-                    } else {
-                        // Under a read-modify-write lock of their own: the device's is taken
-                        // inside the directory's lock, this one outside it.
+                    if b - a != ps {
                         let _rmw = self.volume_rmw.lock().unwrap_or_else(|p| p.into_inner());
                         self.volume_page(d, volume, lpn, &mut page)?;
                         if zeroes {
@@ -1632,23 +1660,12 @@ impl Device {
                     at += b - a;
                 }
             }
-            p::CMD_TRIM => {
-                e.trimmed_bytes.fetch_add(length, Ordering::Relaxed);
-                let whole = span.whole();
+            p::CMD_TRIM if whole.start < whole.end => {
                 Durable::trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
             }
             _ => {}
         }
-        let fua = r.flags & p::CMD_FLAG_FUA != 0;
-        let due = match d.mode {
-            Durability::Flush => fua || r.command == p::CMD_FLUSH,
-            Durability::Always => fua || r.command != p::CMD_READ,
-            Durability::Never => false,
-        };
-        if due {
-            d.sync()?;
-        }
-        Ok(0)
+        Ok(())
     }
 
     /// Makes a snapshot (read-only) or clone (writable) of the device or of snapshot or

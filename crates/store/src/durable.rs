@@ -823,13 +823,28 @@ impl DataDir {
 
     /// Appends a page of `volume` (the device: 0).
     pub fn write_page(&mut self, volume: u16, lpn: u64, page: &[u8]) -> Result<(), LogError> {
+        let (codec, payload) = log::pack_page(page);
+        self.write_packed(volume, lpn, page.len(), codec, &payload)
+    }
+
+    /// As `write_page`, the page packed already (`log::pack_page`, outside the lock).
+    pub fn write_packed(
+        &mut self,
+        volume: u16,
+        lpn: u64,
+        page_bytes: usize,
+        codec: u8,
+        payload: &[u8],
+    ) -> Result<(), LogError> {
         let at = self
             .volumes
             .index(volume)
             .ok_or_else(|| damaged(&self.dir, format!("volume {volume} does not exist")))?;
-        let (_, loc) = self.writer().append_page_of(volume, lpn, page)?;
+        let (_, loc) = self
+            .writer()
+            .append_volume(Kind::Page, codec, volume, lpn, 0, payload)?;
         self.volumes.set(at, lpn, loc);
-        self.stats.client_bytes += page.len() as u64;
+        self.stats.client_bytes += page_bytes as u64;
         Ok(())
     }
 
@@ -945,7 +960,11 @@ impl DataDir {
     }
 
     /// Where `volume`'s page `lpn` is, to read outside the lock; None: unmapped (zeros).
-    pub fn locate(&self, volume: u16, lpn: u64) -> Result<Option<Located>, LogError> {
+    pub fn locate(&mut self, volume: u16, lpn: u64) -> Result<Option<Located>, LogError> {
+        // The record may still be pending in the writer.
+        if let Some(w) = &mut self.writer {
+            w.flush()?;
+        }
         let v = self
             .volumes
             .get(volume)
@@ -1278,7 +1297,7 @@ mod tests {
         p
     }
 
-    fn read(d: &DataDir, volume: u16, lpn: u64) -> Vec<u8> {
+    fn read(d: &mut DataDir, volume: u16, lpn: u64) -> Vec<u8> {
         let mut out = vec![0u8; PAGE];
         if let Some(l) = d.locate(volume, lpn).unwrap() {
             l.read_page(&mut out).unwrap();
@@ -1287,7 +1306,7 @@ mod tests {
     }
 
     /// Everything each volume holds, as the oracle says it should.
-    fn assert_matches(d: &DataDir, oracle: &HashMap<String, HashMap<u64, Vec<u8>>>) {
+    fn assert_matches(d: &mut DataDir, oracle: &HashMap<String, HashMap<u64, Vec<u8>>>) {
         for (name, pages) in oracle {
             let id = if name.is_empty() {
                 0
@@ -1391,7 +1410,7 @@ mod tests {
                     }
                     _ => {}
                 }
-                assert_matches(&d, &oracle);
+                assert_matches(&mut d, &oracle);
             }
             // Every snapshot and clone deleted, in the order made, then cleaned.
             for name in names.iter().skip(1) {
@@ -1402,13 +1421,13 @@ mod tests {
             d.clean(1.0).unwrap();
             d.checkpoint().unwrap();
             d.clean(1.0).unwrap();
-            assert_matches(&d, &oracle);
+            assert_matches(&mut d, &oracle);
             let device: u64 = d.device_pages().iter().map(|(l, _)| l.bytes() as u64).sum();
             prop_assert_eq!(d.disk_stats().live_bytes, device);
             // Reopened from the checkpoint alone, the same.
             drop(d);
-            let (d, _) = open(dir.path());
-            assert_matches(&d, &oracle);
+            let (mut d, _) = open(dir.path());
+            assert_matches(&mut d, &oracle);
             prop_assert_eq!(d.verify().unwrap(), oracle[""].len() as u64);
         }
     }
@@ -1530,8 +1549,8 @@ mod tests {
         );
         assert!(after.cleaner_copied_bytes > 0 && after.host_waf > 0.0);
         let all = HashMap::from([(String::new(), oracle)]);
-        assert_matches(&d, &all);
+        assert_matches(&mut d, &all);
         drop(d);
-        assert_matches(&open(dir.path()).0, &all);
+        assert_matches(&mut open(dir.path()).0, &all);
     }
 }

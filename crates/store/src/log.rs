@@ -211,8 +211,25 @@ pub fn encode_volume(
     pages: u32,
     payload: &[u8],
 ) -> Vec<u8> {
-    debug_assert!(payload.len() <= MAX_PAYLOAD_BYTES);
     let mut out = Vec::with_capacity(padded(RECORD_HEADER_BYTES + payload.len()));
+    encode_into(&mut out, kind, codec, volume, lpn, seq, pages, payload);
+    out
+}
+
+/// Appends a record's bytes, padded, to `out`.
+#[allow(clippy::too_many_arguments)]
+fn encode_into(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    codec: u8,
+    volume: u16,
+    lpn: u64,
+    seq: u64,
+    pages: u32,
+    payload: &[u8],
+) {
+    debug_assert!(payload.len() <= MAX_PAYLOAD_BYTES);
+    let start = out.len();
     out.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
     out.push(kind as u8);
     out.push(codec);
@@ -221,11 +238,39 @@ pub fn encode_volume(
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&pages.to_le_bytes());
-    let sum = checksum(&out[..32], payload);
+    let sum = checksum(&out[start..start + 32], payload);
     out.extend_from_slice(&sum.to_le_bytes());
     out.extend_from_slice(payload);
-    out.resize(padded(out.len()), 0);
-    out
+    out.resize(start + padded(out.len() - start), 0);
+}
+
+/// A page as a page record's payload: LZ4-compressed when that saves at least a sixteenth
+/// (codec 1), raw otherwise (codec 0): a page that barely compresses costs a decompression at
+/// every read for nothing. Callers compress before taking the log's lock.
+pub fn pack_page(page: &[u8]) -> (u8, Vec<u8>) {
+    thread_local! {
+        /// Pages in a row this thread found incompressible.
+        static RAW_STREAK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    const PROBE_BYTES: usize = 512;
+    let streak = RAW_STREAK.get();
+    // In a stream of incompressible pages (encrypted or compressed data), a probe of the first
+    // 512 bytes decides, at an eighth of the cost of trying the page.
+    if streak >= 8 && page.len() > PROBE_BYTES {
+        let probe = lz4_flex::block::compress(&page[..PROBE_BYTES]);
+        if probe.len() > PROBE_BYTES - PROBE_BYTES / 16 {
+            RAW_STREAK.set(streak.saturating_add(1));
+            return (CODEC_RAW, page.to_vec());
+        }
+    }
+    let packed = lz4_flex::block::compress(page);
+    if packed.len() <= page.len() - page.len() / 16 {
+        RAW_STREAK.set(0);
+        (CODEC_LZ4, packed)
+    } else {
+        RAW_STREAK.set(streak.saturating_add(1));
+        (CODEC_RAW, page.to_vec())
+    }
 }
 
 /// A segment's header.
@@ -674,6 +719,19 @@ pub struct LogWriter {
     next_seq: u64,
     /// Bytes appended by this writer (headers of new segments included).
     appended_bytes: u64,
+    /// Records appended but not yet written to the file: one write(2) for many records. A
+    /// commit, a segment's end, `flush` and drop write them.
+    pending: Vec<u8>,
+}
+
+/// Pending records are written to the file once they reach this.
+const PENDING_BYTES: usize = 1 << 20;
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        // Best effort: what a dying process had not written is what a crash loses anyway.
+        let _ = self.flush();
+    }
 }
 
 impl LogWriter {
@@ -729,6 +787,7 @@ impl LogWriter {
             segment_bytes: segment_bytes.max(SEGMENT_HEADER_BYTES + 1),
             next_seq: tail.seq,
             appended_bytes: 0,
+            pending: Vec::with_capacity(PENDING_BYTES + MAX_PAYLOAD_BYTES),
         })
     }
 
@@ -766,13 +825,35 @@ impl LogWriter {
             self.roll()?;
         }
         let seq = self.next_seq;
-        let bytes = encode_volume(kind, codec, volume, lpn, seq, pages, payload);
-        self.file.write_all(&bytes).map_err(|e| self.io(e))?;
-        let loc = Loc::new(self.index, self.bytes, bytes.len());
-        self.bytes += bytes.len();
-        self.appended_bytes += bytes.len() as u64;
+        let at = self.pending.len();
+        encode_into(
+            &mut self.pending,
+            kind,
+            codec,
+            volume,
+            lpn,
+            seq,
+            pages,
+            payload,
+        );
+        let len = self.pending.len() - at;
+        let loc = Loc::new(self.index, self.bytes, len);
+        self.bytes += len;
+        self.appended_bytes += len as u64;
         self.next_seq += 1;
+        if self.pending.len() >= PENDING_BYTES {
+            self.flush()?;
+        }
         Ok((seq, loc))
+    }
+
+    /// Writes the pending records to the file (not synced): readers of the file see them.
+    pub fn flush(&mut self) -> Result<(), LogError> {
+        if !self.pending.is_empty() {
+            self.file.write_all(&self.pending).map_err(|e| self.io(e))?;
+            self.pending.clear();
+        }
+        Ok(())
     }
 
     /// Appends a page's bytes, LZ4-compressed when that shrinks them (codec 1), raw otherwise
@@ -788,12 +869,8 @@ impl LogWriter {
         lpn: u64,
         page: &[u8],
     ) -> Result<(u64, Loc), LogError> {
-        let packed = lz4_flex::block::compress(page);
-        if packed.len() < page.len() {
-            self.append_volume(Kind::Page, CODEC_LZ4, volume, lpn, 0, &packed)
-        } else {
-            self.append_volume(Kind::Page, CODEC_RAW, volume, lpn, 0, page)
-        }
+        let (codec, payload) = pack_page(page);
+        self.append_volume(Kind::Page, codec, volume, lpn, 0, &payload)
     }
 
     /// Where the next record goes (a new segment may start first).
@@ -828,12 +905,14 @@ impl LogWriter {
     /// Makes everything appended so far durable: a commit record, then `fdatasync`.
     pub fn commit(&mut self) -> Result<u64, LogError> {
         let seq = self.append(Kind::Commit, 0, 0, 0, &[])?;
+        self.flush()?;
         self.file.sync_data().map_err(|e| self.io(e))?;
         Ok(seq)
     }
 
     /// Closes the current segment (durable) and starts the next.
     fn roll(&mut self) -> Result<(), LogError> {
+        self.flush()?;
         self.file.sync_data().map_err(|e| self.io(e))?;
         let index = self.index + 1;
         let path = segment_path(&self.dir, index);
