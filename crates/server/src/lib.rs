@@ -1634,7 +1634,7 @@ impl Device {
                         0
                     };
                     let pages = &payload[skip..skip + (whole.end - whole.start) as usize * ps];
-                    let packed: Vec<(u8, Vec<u8>)> =
+                    let packed: Vec<(u8, std::borrow::Cow<'_, [u8]>)> =
                         pages.chunks(ps).map(ftlab_store::log::pack_page).collect();
                     let mut data = d.lock();
                     for (lpn, (codec, bytes)) in whole.clone().zip(&packed) {

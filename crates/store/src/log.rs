@@ -247,7 +247,8 @@ fn encode_into(
 /// A page as a page record's payload: LZ4-compressed when that saves at least a sixteenth
 /// (codec 1), raw otherwise (codec 0): a page that barely compresses costs a decompression at
 /// every read for nothing. Callers compress before taking the log's lock.
-pub fn pack_page(page: &[u8]) -> (u8, Vec<u8>) {
+pub fn pack_page(page: &[u8]) -> (u8, std::borrow::Cow<'_, [u8]>) {
+    use std::borrow::Cow;
     thread_local! {
         /// Pages in a row this thread found incompressible.
         static RAW_STREAK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -260,16 +261,16 @@ pub fn pack_page(page: &[u8]) -> (u8, Vec<u8>) {
         let probe = lz4_flex::block::compress(&page[..PROBE_BYTES]);
         if probe.len() > PROBE_BYTES - PROBE_BYTES / 16 {
             RAW_STREAK.set(streak.saturating_add(1));
-            return (CODEC_RAW, page.to_vec());
+            return (CODEC_RAW, Cow::Borrowed(page));
         }
     }
     let packed = lz4_flex::block::compress(page);
     if packed.len() <= page.len() - page.len() / 16 {
         RAW_STREAK.set(0);
-        (CODEC_LZ4, packed)
+        (CODEC_LZ4, Cow::Owned(packed))
     } else {
         RAW_STREAK.set(streak.saturating_add(1));
-        (CODEC_RAW, page.to_vec())
+        (CODEC_RAW, Cow::Borrowed(page))
     }
 }
 
