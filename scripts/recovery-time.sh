@@ -2,7 +2,7 @@
 # Recovery and snapshot bars of a durable device: a 4 GiB device written whole (fio, 1 MiB
 # sequential writes of incompressible data) with one checkpoint after the first 3 GiB, then
 # 1 GiB more written after the checkpoint, a snapshot made through the server on the full
-# device (its creation time as the server measured it), the server killed with SIGKILL,
+# device after a FLUSH (five, each timed by the server), the server killed with SIGKILL,
 # and the time from the restart to its socket answering (checkpoint read, the 1 GiB tail scanned
 # and checksummed, the FTL model's requests replayed).
 # Usage: scripts/recovery-time.sh        (SIZE=4G TAIL=1G; BENCH_DIR=target/recovery-time)
@@ -41,8 +41,10 @@ fio --name=head --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --siz
 sleep 2 # the maintenance thread's checkpoint
 grep -c "checkpoint at record" "$work/serve.log" >/dev/null || { echo "no checkpoint" >&2; exit 1; }
 fio --name=tail --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
-    --offset="$head_bytes" --size="$tail_bytes" >/dev/null
-snapshot=$("$ftlab" snapshot create "$work/data" full)
+    --offset="$head_bytes" --size="$tail_bytes" --end_fsync=1 >/dev/null
+# Five snapshots of the full device, after the FLUSH that ended the writes (a snapshot's commit
+# would otherwise also sync the data written before it).
+snapshot=$(for k in 1 2 3 4 5; do "$ftlab" snapshot create "$work/data" "full$k"; done)
 kill -9 "$pid"
 wait "$pid" 2>/dev/null || true
 echo "$snapshot"
