@@ -14,8 +14,9 @@ pub struct BenchArgs {
     /// against the model off), fdp (the default job on 8 handles, each an eighth of the LBA
     /// space by a range file, against one stream), all (those four); store (the compressed page
     /// store) and serve (ftlab serve against nbdkit memory, with fio; nbdkit null beside them as
-    /// the client's ceiling) separately.
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve"])]
+    /// the client's ceiling) separately; cache (a durable device's page cache, ARC against LRU,
+    /// on zipf reads with and without scans).
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -261,6 +262,9 @@ fn fdp(args: &BenchArgs) -> Result<()> {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "serve" {
         return crate::bench_serve::run(machine(), args.seconds, args.repeat);
+    }
+    if args.which == "cache" {
+        return crate::bench_cache::run(machine(), &args.work_dir);
     }
     if args.which == "store" {
         let dirs: Vec<&str> = args.dirs.iter().map(String::as_str).collect();

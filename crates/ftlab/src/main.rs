@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod bench;
+mod bench_cache;
 mod bench_serve;
 mod bench_store;
 mod experiment;
