@@ -7,6 +7,7 @@
 #   4. (EXT4=1, root, /dev/fuse) ext4 on the export through nbdfuse and a loop device, a copy
 #      of /usr/share and /usr/lib, then the bytes each keeps on the host disk (du) after a clean
 #      stop.
+#   5. (MODES=1) ftlab's job 2 under each --durability: flush, always, never.
 # Prints each figure and ftlab's ratio to qemu-nbd. Usage:
 #   scripts/bench-durable.sh            # SIZE=2G, ROUNDS=1, EXT4=0
 #   SIZE=4G ROUNDS=2 EXT4=1 scripts/bench-durable.sh
@@ -34,6 +35,7 @@ start() { # start ftlab|qemu
     ftlab)
         rm -rf "$work/data" "$work/ftlab.sock"
         "$ftlab" serve --no-tcp --unix "$work/ftlab.sock" --data "$work/data" \
+            --durability "${durability:-flush}" \
             --set capacity.logical_bytes="$bytes" 2>"$work/ftlab.log" &
         pid=$!
         wait_socket "$work/ftlab.sock"
@@ -125,4 +127,14 @@ if [ "$ext4" = 1 ]; then
     done
     printf "%-34s %14s %14s %8s\n" "host disk bytes, ext4 + /usr copy" "${disk[ftlab]}" "${disk[qemu]}" \
         "$(ratio "${disk[ftlab]}" "${disk[qemu]}")x"
+fi
+
+if [ "${MODES:-0}" = 1 ]; then
+    for durability in flush always never; do
+        start ftlab
+        read -r i m < <(fio_job randwrite --rw=randwrite --bs=4k --iodepth=32 --fsync=64 \
+            --size="$size" --time_based --runtime=10 --norandommap --randrepeat=0)
+        stop
+        printf "%-34s %14.0f\n" "randwrite IOPS, --durability $durability" "$i"
+    done
 fi
