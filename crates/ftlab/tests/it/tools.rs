@@ -862,3 +862,160 @@ fn fio_verify_survives_a_kill_9_loop() {
         crash_iterations()
     );
 }
+
+/// ext4 on a durable device, the server killed with SIGKILL while a copy writes to the mounted
+/// file system: each iteration mounts it again (the journal recovered), checks every file
+/// written and synced (`sync`: FLUSH down the loop device and nbdfuse) in the iterations before,
+/// writes and syncs a new set, starts copying /usr/share/doc unsynced, and kills the server
+/// mid-copy. At the end e2fsck -fn is clean after a last journal recovery.
+#[test]
+fn ext4_on_a_durable_device_survives_kill_9_mid_copy() {
+    const TEST: &str = "ext4_on_a_durable_device_survives_kill_9_mid_copy";
+    for tool in [
+        "nbdfuse",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "umount",
+        "fusermount3",
+    ] {
+        if !have(tool) {
+            return skip(
+                TEST,
+                &format!("{tool} is not installed (apt-get install libnbd-bin fuse3)"),
+            );
+        }
+    }
+    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
+        return skip(
+            TEST,
+            "/dev/fuse or /dev/loop-control is missing on this machine",
+        );
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        return skip(TEST, "ext4 through a loop device needs root");
+    }
+    let work = temp_dir("ext4-crash");
+    let data = work.join("data").display().to_string();
+    let (fuse_dir, mnt) = (work.join("fuse"), work.join("mnt"));
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    // The bytes of file `k` of iteration `i`'s synced set.
+    let content = |i: u64, k: u64| -> Vec<u8> {
+        let mut rng = ftlab_core::rng::SplitMix64::new(i * 1000 + k);
+        let len = 4096 + rng.bounded(60_000) as usize;
+        (0..len)
+            .map(|b| (rng.bounded(7) as u8).wrapping_add(b as u8 / 64))
+            .collect()
+    };
+    const FILES: u64 = 150;
+    // Attaches the served device: nbdfuse, then a loop device over its file.
+    let attach = |server: &Server| -> (Child, String) {
+        let fuse = Command::new("nbdfuse")
+            .arg(&fuse_dir)
+            .arg(server.uri())
+            .spawn()
+            .unwrap();
+        let image = fuse_dir.join("nbd");
+        for _ in 0..400 {
+            if image.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let dev = run(Command::new("losetup")
+            .args(["--direct-io=on", "-f", "--show"])
+            .arg(&image));
+        (fuse, dev.lines().next().unwrap().trim().to_string())
+    };
+    let detach = |mut fuse: Child, dev: &str| {
+        if Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| !s.success())
+        {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        }
+        let _ = Command::new("losetup").args(["-d", dev]).status();
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&fuse_dir)
+            .status();
+        let _ = fuse.kill();
+        let _ = fuse.wait();
+    };
+    let args = ["--data", &data, "--durability", "flush"];
+    let mut rng = ftlab_core::rng::SplitMix64::new(4);
+    let iterations = crash_iterations();
+    for i in 0..iterations {
+        let server = Server::start_with("ext4-crash", 1 << 30, &args);
+        let (fuse, dev) = attach(&server);
+        let result = std::panic::catch_unwind(|| {
+            if i == 0 {
+                run(Command::new("mkfs.ext4").args(["-q", &dev]));
+            }
+            run(Command::new("mount").arg(&dev).arg(&mnt));
+            for j in 0..i {
+                for k in 0..FILES {
+                    let path = mnt.join(format!("synced-{j}/{k}"));
+                    let got = std::fs::read(&path).unwrap_or_default();
+                    assert!(
+                        got == content(j, k),
+                        "iteration {i}: {} lost its synced bytes",
+                        path.display()
+                    );
+                }
+            }
+            let dir = mnt.join(format!("synced-{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for k in 0..FILES {
+                std::fs::write(dir.join(k.to_string()), content(i, k)).unwrap();
+            }
+            run(&mut Command::new("sync"));
+        });
+        if let Err(e) = result {
+            detach(fuse, &dev);
+            std::panic::resume_unwind(e);
+        }
+        // An unsynced copy, and the server killed in the middle of it.
+        let mut copy = Command::new("cp")
+            .arg("-a")
+            .arg("/usr/share/doc")
+            .arg(mnt.join(format!("unsynced-{i}")))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100 + rng.bounded(500)));
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(server.child.id() as i32, libc::SIGKILL) };
+        let _ = copy.kill();
+        let _ = copy.wait();
+        drop(server);
+        detach(fuse, &dev);
+    }
+    // A last journal recovery, then the file system checked.
+    let server = Server::start_with("ext4-crash", 1 << 30, &args);
+    let (fuse, dev) = attach(&server);
+    let mounted = Command::new("mount")
+        .arg(&dev)
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    let _ = Command::new("umount").arg(&mnt).status();
+    let fsck = Command::new("e2fsck").args(["-fn", &dev]).output().unwrap();
+    detach(fuse, &dev);
+    server.stop();
+    let text =
+        String::from_utf8_lossy(&fsck.stdout).into_owned() + &String::from_utf8_lossy(&fsck.stderr);
+    assert!(
+        mounted,
+        "the file system did not mount after {iterations} kills"
+    );
+    assert!(
+        fsck.status.success(),
+        "e2fsck -fn after {iterations} kills:\n{text}"
+    );
+    eprintln!("{TEST}: {iterations} iterations, e2fsck clean");
+}
