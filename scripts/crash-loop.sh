@@ -15,7 +15,11 @@ cd "$(dirname "$0")/.."
 n="${1:-200}"
 export FTLAB_CRASH_ITERATIONS="$n"
 start=$(date +%s)
+set +e
 cargo nextest run --release -p ftlab --no-capture \
     -E 'test(fio_verify_survives_a_kill_9_loop) | test(a_killed_durable_server_keeps_every_flushed_write) | test(ext4_on_a_durable_device_survives_kill_9_mid_copy)' \
-    2>&1 | grep -E "iterations|PASS|FAIL|SKIPPED|panicked|verified" || true
-echo "crash loops: $n iterations each, $(( $(date +%s) - start )) s"
+    >"${TMPDIR:-/tmp}/crash-loop.log" 2>&1
+status=$?
+grep -E "iterations|PASS|FAIL|SKIPPED|panicked|verified|lost" "${TMPDIR:-/tmp}/crash-loop.log"
+echo "crash loops: $n iterations each, $(( $(date +%s) - start )) s, exit $status (log: ${TMPDIR:-/tmp}/crash-loop.log)"
+exit $status

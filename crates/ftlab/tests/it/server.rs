@@ -1238,13 +1238,17 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
             .spawn()
             .unwrap();
         let child = Server(child);
-        for _ in 0..200 {
-            if sock.exists() {
+        // The socket file appears at bind(2), a moment before listen(2): connect until it
+        // answers.
+        let mut s = None;
+        for _ in 0..500 {
+            if let Ok(c) = UnixStream::connect(&sock) {
+                s = Some(c);
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let s = UnixStream::connect(&sock).unwrap();
+        let s = s.expect("the server answers within 5 s");
         s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
             .unwrap();
         (child, go(s, "ftlab").0)

@@ -37,8 +37,9 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        for _ in 0..200 {
-            if socket.exists() {
+        // The socket file appears at bind(2), a moment before listen(2): wait until it answers.
+        for _ in 0..500 {
+            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
