@@ -39,6 +39,8 @@ const CHECKPOINT_VERSION: u32 = 1;
 const CHUNK_PAGES: usize = 1024;
 /// The device itself: volume 0.
 pub const DEVICE_VOLUME: u16 = 0;
+/// Volumes at most, the device included: a checkpoint's reader allocates a map per volume.
+pub const MAX_VOLUMES: usize = 1024;
 
 /// A volume's map from LPN to record, in chunks shared copy-on-write with its snapshots.
 #[derive(Clone, Debug)]
@@ -224,6 +226,9 @@ impl Volumes {
                     .map_err(|_| "a volume name that is not UTF-8".to_string())?;
                 if self.index(r.volume).is_some() || self.by_name(&name).is_some() {
                     return Err(format!("volume {} (`{name}`) exists already", r.volume));
+                }
+                if self.list.len() >= MAX_VOLUMES {
+                    return Err(format!("more than {MAX_VOLUMES} volumes"));
                 }
                 let kind = if r.codec == 1 {
                     VolumeKind::Clone
@@ -478,7 +483,9 @@ fn encode_checkpoint(c: &Checkpoint, page_bytes: usize) -> Vec<u8> {
         for lpn in 0..v.map.pages {
             raw.extend_from_slice(&v.map.get(lpn).0.to_le_bytes());
         }
-        let packed = lz4_flex::block::compress_prepend_size(&raw);
+        // Its length is known (pages x 8): no size is stored, so a crafted file cannot make
+        // the reader allocate more.
+        let packed = lz4_flex::block::compress(&raw);
         out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
         out.extend_from_slice(&packed);
     }
@@ -537,6 +544,9 @@ fn decode_checkpoint(bytes: &[u8], pages: u64, page_bytes: usize) -> Result<Chec
     }
     let next_id = u16_(take(2)?);
     let count = u16_(take(2)?);
+    if count as usize > MAX_VOLUMES {
+        return Err(format!("{count} volumes (at most {MAX_VOLUMES})"));
+    }
     let mut volumes = Volumes::new(pages);
     volumes.list.clear();
     volumes.next_id = next_id;
@@ -555,7 +565,7 @@ fn decode_checkpoint(bytes: &[u8], pages: u64, page_bytes: usize) -> Result<Chec
         let created_seq = u64_(take(8)?);
         let packed_len = u64_(take(8)?) as usize;
         let packed = take(packed_len)?;
-        let raw = lz4_flex::block::decompress_size_prepended(packed)
+        let raw = lz4_flex::block::decompress(packed, pages as usize * 8)
             .map_err(|e| format!("volume {id}: its map does not decompress ({e})"))?;
         if raw.len() as u64 != pages * 8 {
             return Err(format!("volume {id}: a map of {} bytes", raw.len()));
@@ -1014,8 +1024,11 @@ impl DataDir {
             return Err("a device is not made".into());
         }
         let id = self.volumes.next_id;
-        if id == u16::MAX {
-            return Err("65534 volumes made already".into());
+        if id == u16::MAX || self.volumes.list.len() >= MAX_VOLUMES {
+            return Err(format!(
+                "{} snapshots and clones exist, or 65534 were ever made: delete some first",
+                self.volumes.list.len() - 1
+            ));
         }
         let codec = u8::from(kind == VolumeKind::Clone);
         let e = |e: LogError| e.to_string();
