@@ -971,10 +971,6 @@ impl DataDir {
 
     /// Where `volume`'s page `lpn` is, to read outside the lock; None: unmapped (zeros).
     pub fn locate(&mut self, volume: u16, lpn: u64) -> Result<Option<Located>, LogError> {
-        // The record may still be pending in the writer.
-        if let Some(w) = &mut self.writer {
-            w.flush()?;
-        }
         let v = self
             .volumes
             .get(volume)
@@ -982,6 +978,10 @@ impl DataDir {
         let loc = v.map.get(lpn);
         if loc.is_none() {
             return Ok(None);
+        }
+        // The record may still be pending in the writer.
+        if let Some(w) = self.writer.as_mut().filter(|w| w.pending_at(loc)) {
+            w.flush()?;
         }
         Ok(Some(Located {
             file: self.files.file(loc.segment())?,

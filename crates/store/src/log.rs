@@ -848,6 +848,11 @@ impl LogWriter {
         Ok((seq, loc))
     }
 
+    /// Whether the record at `loc` is still pending (not yet in the file).
+    pub fn pending_at(&self, loc: Loc) -> bool {
+        loc.segment() == self.index && loc.offset() + loc.bytes() > self.bytes - self.pending.len()
+    }
+
     /// Writes the pending records to the file (not synced): readers of the file see them.
     pub fn flush(&mut self) -> Result<(), LogError> {
         if !self.pending.is_empty() {

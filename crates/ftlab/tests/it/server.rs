@@ -1476,6 +1476,12 @@ fn snapshots_never_change_while_the_device_and_clones_are_written() {
     let (mut dev, h, _) = open_export(&device, "ftlab");
     let a = pattern(1, 256 << 10);
     assert_eq!(dev.request(p::CMD_WRITE, 0, 0, a.len() as u32, &a).0, 0);
+    // Read back before any FLUSH: the records are still buffered in the writer.
+    let (err, back) = dev.request(p::CMD_READ, 0, 8192, 8192, &[]);
+    assert!(
+        err == 0 && back == a[8192..16384],
+        "a read of pages not yet flushed"
+    );
     assert!(device.create_volume(None, "s1", false).is_ok());
     assert!(device.create_volume(Some("s1"), "c1", true).is_ok());
     assert!(
