@@ -399,7 +399,7 @@ fn import(config: &crate::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
         if let Some((first, n)) = run.take() {
             clock_ns += 1000;
             data.request(ModelRequest {
-                op: 1,
+                op: ftlab_store::durable::model_op::WRITE,
                 offset_bytes: first * page_bytes as u64,
                 length_bytes: (n * page_bytes as u64) as u32,
                 arrival_ns: clock_ns,

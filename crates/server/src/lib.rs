@@ -128,15 +128,15 @@ struct Durable {
     cache: Mutex<ftlab_store::cache::PageCache>,
 }
 
-/// The model's op codes in the log; DRAIN is the write buffer drained at a clean shutdown.
-const MODEL_DRAIN: u8 = 255;
+use ftlab_store::durable::model_op;
 
-fn model_op(op: Op) -> u8 {
+/// The model's op code in the log.
+fn model_code(op: Op) -> u8 {
     match op {
-        Op::Read => 0,
-        Op::Write => 1,
-        Op::Trim => 2,
-        Op::Flush => 3,
+        Op::Read => model_op::READ,
+        Op::Write => model_op::WRITE,
+        Op::Trim => model_op::TRIM,
+        Op::Flush => model_op::FLUSH,
     }
 }
 
@@ -619,11 +619,11 @@ impl Device {
         let mut clock_ns = 0;
         for (k, r) in opened.requests.iter().enumerate() {
             let op = match r.op {
-                0 => Op::Read,
-                1 => Op::Write,
-                2 => Op::Trim,
-                3 => Op::Flush,
-                MODEL_DRAIN => {
+                model_op::READ => Op::Read,
+                model_op::WRITE => Op::Write,
+                model_op::TRIM => Op::Trim,
+                model_op::FLUSH => Op::Flush,
+                model_op::DRAIN => {
                     state.ftl.flush(r.arrival_ns);
                     clock_ns = r.arrival_ns;
                     continue;
@@ -1258,7 +1258,7 @@ impl Device {
                 };
                 let mut data = d.lock();
                 data.request(ModelRequest {
-                    op: MODEL_DRAIN,
+                    op: model_op::DRAIN,
                     offset_bytes: 0,
                     length_bytes: 0,
                     arrival_ns: now,
@@ -1508,7 +1508,7 @@ impl Device {
             if let Some(d) = self.durable.as_ref().filter(|_| !self.options.read_only) {
                 d.lock()
                     .request(ModelRequest {
-                        op: model_op(request.op),
+                        op: model_code(request.op),
                         offset_bytes: request.offset_bytes,
                         // Within u32: a request is at most MAX_REQUEST_BYTES.
                         length_bytes: request.length_bytes as u32,

@@ -278,6 +278,16 @@ impl Volumes {
     }
 }
 
+/// `ModelRequest::op` codes (the server maps its ops to these and back).
+pub mod model_op {
+    pub const READ: u8 = 0;
+    pub const WRITE: u8 = 1;
+    pub const TRIM: u8 = 2;
+    pub const FLUSH: u8 = 3;
+    /// The write buffer drained at a clean shutdown.
+    pub const DRAIN: u8 = 255;
+}
+
 /// A request the FTL model saw, as logged: the server maps `op` to its own and back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelRequest {
