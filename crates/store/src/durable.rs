@@ -523,10 +523,14 @@ fn decode_checkpoint(bytes: &[u8], pages: u64, page_bytes: usize) -> Result<Chec
     }
     let mut at = 8usize;
     let mut take = |n: usize| -> Result<&[u8], String> {
-        let s = body
-            .get(at..at + n)
-            .ok_or_else(|| format!("ends at byte {} inside a field", body.len()))?;
-        at += n;
+        // A length read from the file may be anything: checked, never added blindly (found by
+        // the `checkpoint` fuzz target).
+        let end = at
+            .checked_add(n)
+            .filter(|&end| end <= body.len())
+            .ok_or_else(|| format!("ends at byte {} inside a field of {n} bytes", body.len()))?;
+        let s = &body[at..end];
+        at = end;
         Ok(s)
     };
     let u16_ = |s: &[u8]| u16::from_le_bytes(s.try_into().expect("2 bytes"));
@@ -1541,6 +1545,28 @@ mod tests {
             e.contains("seg-0000000000000000.log") && e.contains("missing"),
             "{e}"
         );
+    }
+
+    /// A checkpoint whose checksum holds but whose map length is absurd is refused, not a
+    /// panic (the `checkpoint` fuzz target found an overflow there).
+    #[test]
+    fn a_checkpoint_with_an_absurd_length_is_refused() {
+        let c = Checkpoint {
+            at: Position::START,
+            model_entries: 0,
+            volumes: Volumes::new(PAGES),
+        };
+        let mut bytes = encode_checkpoint(&c, PAGE);
+        assert!(decode_checkpoint(&bytes, PAGES, PAGE).is_ok());
+        // The device volume's packed map length: after the 68-byte header, id, kind, parent,
+        // name length (no name) and created_seq.
+        let at = 68 + 2 + 1 + 2 + 2 + 8;
+        bytes[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let n = bytes.len() - 8;
+        let sum = twox_hash::XxHash3_64::oneshot(&bytes[..n]);
+        bytes[n..].copy_from_slice(&sum.to_le_bytes());
+        let e = decode_checkpoint(&bytes, PAGES, PAGE).err().unwrap();
+        assert!(e.contains("inside a field"), "{e}");
     }
 
     /// Cleaning deletes dead segments and keeps the device's data: the directory shrinks to
