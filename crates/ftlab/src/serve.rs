@@ -48,7 +48,8 @@ pub struct ServeArgs {
     store: String,
     /// Memory limit of the page store, as zram's mem_limit: bytes, or with a K/M/G/T suffix
     /// (powers of 1024). Writes that need more memory fail with ENOSPC; trims free memory.
-    #[arg(long, allow_negative_numbers = true, value_parser = parse_size)]
+    /// Not with --data (a durable device keeps its pages on disk, not in the page store).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_size, conflicts_with = "data")]
     mem_limit: Option<u64>,
     /// Reply timing: none, real (hold replies until the simulated completion), scaled:FACTOR.
     #[arg(long, default_value = "none")]
