@@ -83,11 +83,11 @@ pub struct ServeArgs {
     /// With --data: write a checkpoint (the maps of every volume; recovery replays only the log
     /// after it) each time this much was logged since the last, and at a clean shutdown; the
     /// cleaner then deletes segments no volume needs, copying out the live records of those at
-    /// most half live. Bytes, or with K/M/G/T.
+    /// most half live. Bytes, or with K/M/G/T; at least 1M.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     checkpoint_every: u64,
-    /// With --data: memory for decompressed pages read from the log (snapshot and clone
-    /// exports), bytes or with K/M/G/T; 0: none.
+    /// With --data: memory for decompressed pages read from the log (the device's, its
+    /// snapshots' and clones'), bytes or with K/M/G/T; 0: none.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     cache: u64,
     /// The policy of --cache: arc (adaptive: resists scans) or lru.
@@ -244,6 +244,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     anyhow::ensure!(
         args.stats_interval.is_finite() && args.stats_interval > 0.0,
         "--stats-interval must be a positive number of seconds"
+    );
+    anyhow::ensure!(
+        args.checkpoint_every >= 1 << 20,
+        "--checkpoint-every {}: at least 1M (a checkpoint writes every volume's map)",
+        args.checkpoint_every
     );
     anyhow::ensure!(
         args.handshake_timeout > 0.0,
