@@ -156,6 +156,20 @@ impl Durable {
         data.trim(volume, lpn, pages).map_err(|_| p::EIO)
     }
 
+    /// Durable before a request is answered: a FLUSH, an FUA write, or with `always` any
+    /// change.
+    fn sync_if_due(&self, command: u16, fua: bool) -> Result<(), Errno> {
+        let due = match self.mode {
+            Durability::Flush => fua || command == p::CMD_FLUSH,
+            Durability::Always => fua || command != p::CMD_READ,
+            Durability::Never => false,
+        };
+        if due {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
     /// Makes every record appended so far durable. A flush that finds its records already
     /// synced by another (group commit) returns at once.
     fn sync(&self) -> Result<(), Errno> {
@@ -1359,9 +1373,6 @@ impl Device {
             p::CMD_READ | p::CMD_TRIM | p::CMD_WRITE | p::CMD_WRITE_ZEROES | p::CMD_FLUSH => {}
             _ => return Err(p::EINVAL),
         }
-        if target.volume != 0 {
-            return self.execute_volume(r, payload, out, target, offset, length);
-        }
         e.requests.fetch_add(1, Ordering::Relaxed);
         let counter = match r.command {
             p::CMD_READ => Some(&e.read_bytes),
@@ -1371,6 +1382,9 @@ impl Device {
         };
         if let Some(c) = counter {
             c.fetch_add(length, Ordering::Relaxed);
+        }
+        if target.volume != 0 {
+            return self.execute_volume(r, payload, out, target, offset, length);
         }
         // The export's placement, then its offset on the device.
         let placement = e.placement_of(offset);
@@ -1520,16 +1534,8 @@ impl Device {
             }
         }
         drop(state);
-        // Durable before it is answered: a FLUSH, an FUA write, or with `always` any change.
         if let Some(d) = &self.durable {
-            let due = match d.mode {
-                Durability::Flush => fua || r.command == p::CMD_FLUSH,
-                Durability::Always => fua || r.command != p::CMD_READ,
-                Durability::Never => false,
-            };
-            if due {
-                d.sync()?;
-            }
+            d.sync_if_due(r.command, fua)?;
         }
         Ok(done - now)
     }
@@ -1572,27 +1578,9 @@ impl Device {
     ) -> Result<u64, Errno> {
         let d = self.durable.as_ref().ok_or(p::EINVAL)?;
         let e = &self.exports[target.export];
-        e.requests.fetch_add(1, Ordering::Relaxed);
-        let counter = match r.command {
-            p::CMD_READ => Some(&e.read_bytes),
-            p::CMD_WRITE | p::CMD_WRITE_ZEROES => Some(&e.written_bytes),
-            p::CMD_TRIM => Some(&e.trimmed_bytes),
-            _ => None,
-        };
-        if let Some(c) = counter {
-            c.fetch_add(length, Ordering::Relaxed);
-        }
         let span = PageSpan::new(e.base_bytes + offset, length, self.page_bytes as u64);
         self.volume_data(d, r, payload, out, target.volume, &span)?;
-        let fua = r.flags & p::CMD_FLAG_FUA != 0;
-        let due = match d.mode {
-            Durability::Flush => fua || r.command == p::CMD_FLUSH,
-            Durability::Always => fua || r.command != p::CMD_READ,
-            Durability::Never => false,
-        };
-        if due {
-            d.sync()?;
-        }
+        d.sync_if_due(r.command, r.flags & p::CMD_FLAG_FUA != 0)?;
         Ok(0)
     }
 

@@ -198,21 +198,8 @@ fn padded(n: usize) -> usize {
 
 /// A record's bytes, padded.
 pub fn encode(kind: Kind, codec: u8, lpn: u64, seq: u64, pages: u32, payload: &[u8]) -> Vec<u8> {
-    encode_volume(kind, codec, 0, lpn, seq, pages, payload)
-}
-
-/// A record's bytes, padded, for `volume`.
-pub fn encode_volume(
-    kind: Kind,
-    codec: u8,
-    volume: u16,
-    lpn: u64,
-    seq: u64,
-    pages: u32,
-    payload: &[u8],
-) -> Vec<u8> {
     let mut out = Vec::with_capacity(padded(RECORD_HEADER_BYTES + payload.len()));
-    encode_into(&mut out, kind, codec, volume, lpn, seq, pages, payload);
+    encode_into(&mut out, kind, codec, 0, lpn, seq, pages, payload);
     out
 }
 

@@ -13,6 +13,19 @@ use std::sync::Arc;
 
 const SIZE: u64 = 64 << 20;
 
+/// The device the tests serve: FEMU-like flash cut to 64 MiB exposed (SIZE), small enough
+/// for GC to run.
+fn small_config() -> ftlab_core::config::Config {
+    config(
+        "femu",
+        &[
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+        ],
+    )
+}
+
 fn device() -> Arc<Device> {
     device_with(Latency::None)
 }
@@ -26,14 +39,7 @@ fn device_with_limit(latency: Latency, mem_limit_bytes: Option<u64>) -> Arc<Devi
 }
 
 fn device_with_codec(latency: Latency, mem_limit_bytes: Option<u64>, codec: Codec) -> Arc<Device> {
-    let c = config(
-        "femu",
-        &[
-            "flash.blocks_per_die=4",
-            "flash.superblock_dies=1",
-            "capacity.logical_bytes=67108864",
-        ],
-    );
+    let c = small_config();
     let options = DeviceOptions {
         latency,
         codec,
@@ -969,14 +975,7 @@ fn block_status_tells_holes_zeros_and_data_and_cache_is_accepted() {
 /// anyway are refused with EPERM, the data unchanged.
 #[test]
 fn a_read_only_export_refuses_writes_with_eperm() {
-    let c = config(
-        "femu",
-        &[
-            "flash.blocks_per_die=4",
-            "flash.superblock_dies=1",
-            "capacity.logical_bytes=67108864",
-        ],
-    );
+    let c = small_config();
     let read_only = DeviceOptions {
         read_only: true,
         ..options()
@@ -1399,14 +1398,7 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
 #[test]
 fn the_model_after_a_crash_reports_what_it_did_before() {
     let dir = temp_dir("replay");
-    let c = config(
-        "femu",
-        &[
-            "flash.blocks_per_die=4",
-            "flash.superblock_dies=1",
-            "capacity.logical_bytes=67108864",
-        ],
-    );
+    let c = small_config();
     let options = || DeviceOptions {
         data: Some(dir.join("data")),
         checkpoint_every_bytes: 256 << 10,
@@ -1457,14 +1449,7 @@ fn the_model_after_a_crash_reports_what_it_did_before() {
 #[test]
 fn snapshots_never_change_while_the_device_and_clones_are_written() {
     let dir = temp_dir("snapshots");
-    let c = config(
-        "femu",
-        &[
-            "flash.blocks_per_die=4",
-            "flash.superblock_dies=1",
-            "capacity.logical_bytes=67108864",
-        ],
-    );
+    let c = small_config();
     let options = || DeviceOptions {
         data: Some(dir.join("data")),
         ..options()

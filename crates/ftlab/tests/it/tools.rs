@@ -249,8 +249,9 @@ fn nbdcopy_a_real_file_in_and_out_gives_identical_bytes() {
     assert!(summary.contains("compr_data_size"), "{summary}");
 }
 
-#[test]
-fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
+/// Whether ext4 can be mounted on an export here (nbdfuse, a loop device, root); if not, says
+/// SKIPPED for `test` and why.
+fn ext4_ready(test: &str) -> bool {
     for tool in [
         "nbdfuse",
         "losetup",
@@ -261,23 +262,32 @@ fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
         "fusermount3",
     ] {
         if !have(tool) {
-            return skip(
-                "ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount",
+            skip(
+                test,
                 &format!("{tool} is not installed (apt-get install libnbd-bin fuse3)"),
             );
+            return false;
         }
     }
     if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
-        return skip(
-            "ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount",
+        skip(
+            test,
             "/dev/fuse or /dev/loop-control is missing on this machine",
         );
+        return false;
     }
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return skip(
-            "ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount",
-            "ext4 through a loop device needs root",
-        );
+        skip(test, "ext4 through a loop device needs root");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount() {
+    if !ext4_ready("ext4_through_nbdfuse_and_a_loop_device_survives_fsck_and_remount") {
+        return;
     }
     let dir = temp_dir("ext4");
     let (fuse_dir, mnt) = (dir.join("fuse"), dir.join("mnt"));
@@ -873,30 +883,8 @@ fn fio_verify_survives_a_kill_9_loop() {
 #[test]
 fn ext4_on_a_durable_device_survives_kill_9_mid_copy() {
     const TEST: &str = "ext4_on_a_durable_device_survives_kill_9_mid_copy";
-    for tool in [
-        "nbdfuse",
-        "losetup",
-        "mkfs.ext4",
-        "e2fsck",
-        "mount",
-        "umount",
-        "fusermount3",
-    ] {
-        if !have(tool) {
-            return skip(
-                TEST,
-                &format!("{tool} is not installed (apt-get install libnbd-bin fuse3)"),
-            );
-        }
-    }
-    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
-        return skip(
-            TEST,
-            "/dev/fuse or /dev/loop-control is missing on this machine",
-        );
-    }
-    if unsafe { libc::geteuid() } != 0 {
-        return skip(TEST, "ext4 through a loop device needs root");
+    if !ext4_ready(TEST) {
+        return;
     }
     let work = temp_dir("ext4-crash");
     let data = work.join("data").display().to_string();
