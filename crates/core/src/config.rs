@@ -582,6 +582,33 @@ impl ConfigBuilder {
         Ok(())
     }
 
+    /// A complete configuration's TOML (what [`Config::to_toml`] writes) as the only layer.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Ok(Self {
+            table: parse_toml(text, origin)?,
+        })
+    }
+
+    /// One dotted key set to a TOML value (a sweep's axis value), as `set` does with text.
+    pub fn set_value(&mut self, key: &str, value: toml::Value) -> Result<(), ConfigError> {
+        let parts: Vec<&str> = key.split('.').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(ConfigError::BadOverride(key.to_string()));
+        }
+        let mut layer = toml::Table::new();
+        let mut cursor = &mut layer;
+        for part in &parts[..parts.len() - 1] {
+            cursor = cursor
+                .entry(part.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .expect("fresh table");
+        }
+        cursor.insert(parts[parts.len() - 1].to_string(), value);
+        merge(&mut self.table, layer);
+        Ok(())
+    }
+
     /// `flash.channels=4`, `workload.kind=zipf`, `capacity.over_provisioning=0.28`. The value is
     /// read as TOML (number, bool, string) and taken as a bare string when that fails.
     pub fn set(&mut self, assignment: &str) -> Result<(), ConfigError> {
@@ -606,22 +633,8 @@ impl ConfigBuilder {
             });
         }
         let parsed = parsed.unwrap_or_else(|| toml::Value::String(value.to_string()));
-        let mut layer = toml::Table::new();
-        let mut cursor = &mut layer;
-        let parts: Vec<&str> = key.split('.').collect();
-        if parts.iter().any(|p| p.is_empty()) {
-            return Err(ConfigError::BadOverride(assignment.to_string()));
-        }
-        for part in &parts[..parts.len() - 1] {
-            cursor = cursor
-                .entry(part.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .expect("fresh table");
-        }
-        cursor.insert(parts[parts.len() - 1].to_string(), parsed);
-        merge(&mut self.table, layer);
-        Ok(())
+        self.set_value(key, parsed)
+            .map_err(|_| ConfigError::BadOverride(assignment.to_string()))
     }
 
     pub fn build(self) -> Result<Config, ConfigError> {

@@ -3,6 +3,7 @@
 //! configured mapping table), the driver that replays requests against it in simulated time
 //! ([`sim`]) and the [`Report`] it writes.
 
+pub mod analytic;
 pub mod device;
 pub mod lsm;
 pub mod placement;

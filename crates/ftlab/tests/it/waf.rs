@@ -3,45 +3,7 @@
 
 use crate::support::{config, run};
 
-/// Principal branch of Lambert's W on [-1/e, 0), by Halley's iteration from the branch-point
-/// series.
-fn lambert_w0(x: f64) -> f64 {
-    assert!((-1.0 / std::f64::consts::E..0.0).contains(&x));
-    let p = (2.0 * (std::f64::consts::E * x + 1.0)).sqrt();
-    let mut w = -1.0 + p - p * p / 3.0 + 11.0 / 72.0 * p * p * p;
-    for _ in 0..50 {
-        let ew = w.exp();
-        let f = w * ew - x;
-        let step = f / (ew * (w + 1.0) - (w + 2.0) * f / (2.0 * w + 2.0));
-        w -= step;
-        if step.abs() < 1e-15 {
-            break;
-        }
-    }
-    w
-}
-
-/// Greedy GC under uniform random writes, in the limit of large blocks: A = alpha / (alpha +
-/// W0(-alpha e^-alpha)) with alpha = 1 + rho (P. Desnoyers, "Analytic Modeling of SSD Write
-/// Performance", SYSTOR 2012).
-fn desnoyers_limit(rho: f64) -> f64 {
-    let alpha = 1.0 + rho;
-    alpha / (alpha + lambert_w0(-alpha * (-alpha).exp()))
-}
-
-#[test]
-fn desnoyers_model_gives_the_published_limits() {
-    assert!(
-        (desnoyers_limit(0.07) - 7.82).abs() < 0.01,
-        "{}",
-        desnoyers_limit(0.07)
-    );
-    assert!(
-        (desnoyers_limit(0.28) - 2.48).abs() < 0.01,
-        "{}",
-        desnoyers_limit(0.28)
-    );
-}
+use ftlab_sim::analytic::desnoyers_greedy_waf as desnoyers_limit;
 
 fn check_uniform(rho: f64, expected: f64) {
     let c = config(

@@ -1,0 +1,525 @@
+//! A sweep file: a base configuration and the axes it varies, expanded into points, every one
+//! checked before any runs (docs/sweep.md is the format's reference).
+//!
+//! ```toml
+//! seeds = 3                      # repetitions: workload.seed = 1, 2, 3 (or a list of seeds)
+//! [base]
+//! preset = "validation-uniform"  # then `config` files, then `trace`, then `set`
+//! set = { "workload.overwrites" = 1 }
+//! [grid]                         # every combination, the last axis varying fastest
+//! "capacity.over_provisioning" = [0.07, 0.14, 0.28]
+//! "workload.kind" = ["uniform", "hotcold"]
+//! [zip]                          # one axis: the i-th values of every key together
+//! "ftl.write_buffer_mib" = [0, 64]
+//! "ftl.buffer_policy" = ["fifo", "hexa"]
+//! ```
+
+use anyhow::{bail, Context, Result};
+use ftlab_core::config::{Config, ConfigBuilder, ConfigError, DEFAULT_PRESET};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// The keys whose string values are paths: relative ones are taken from the sweep file's folder.
+const PATH_KEYS: [&str; 2] = ["workload.trace", "workload.placement_ranges"];
+
+/// The column (and config key) the `seeds` axis sets.
+pub const SEED_KEY: &str = "workload.seed";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecFile {
+    seeds: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    base: BaseFile,
+    #[serde(default)]
+    grid: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    #[serde(default)]
+    zip: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BaseFile {
+    preset: Option<Spanned<String>>,
+    #[serde(default)]
+    config: Vec<Spanned<String>>,
+    trace: Option<Spanned<String>>,
+    #[serde(default)]
+    set: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+}
+
+/// One simulation of a sweep.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// Its place in the expansion (the table's row order).
+    pub index: usize,
+    /// The value of every parameter ([`Spec::parameters`]), in that order.
+    pub values: Vec<toml::Value>,
+    pub config: Config,
+    /// [`config_hash`] of `config`: the name of its report, so that a point already run (by
+    /// this sweep or another with the same configuration) is not run again.
+    pub hash: String,
+}
+
+/// A sweep file, expanded and checked.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// The file (or `<text>` for a spec given as text).
+    pub origin: String,
+    /// The axes' keys, in expansion order: grid keys, zip keys, then `workload.seed`.
+    pub parameters: Vec<String>,
+    pub points: Vec<Point>,
+}
+
+/// A key of the file and the line it is on, for errors.
+#[derive(Clone, Debug)]
+struct Located {
+    key: String,
+    line: usize,
+}
+
+/// One axis: its keys (one for a grid axis, several for `zip`) and its steps (a value per key).
+struct Axis {
+    keys: Vec<Located>,
+    steps: Vec<Vec<toml::Value>>,
+}
+
+impl Spec {
+    /// Reads and expands the sweep file at `path`.
+    pub fn load(path: &Path) -> Result<Spec> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the sweep file {}", path.display()))?;
+        let folder = std::path::absolute(path)
+            .with_context(|| format!("{}", path.display()))?
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Spec::parse(&text, &path.display().to_string(), &folder)
+    }
+
+    /// Expands a sweep given as text; `origin` names it in errors, relative paths are taken from
+    /// `folder`.
+    pub fn parse(text: &str, origin: &str, folder: &Path) -> Result<Spec> {
+        let file: SpecFile = toml::from_str(text).map_err(|e| {
+            let at = e
+                .span()
+                .map(|s| format!(":{}", line_of(text, s.start)))
+                .unwrap_or_default();
+            anyhow::anyhow!("{origin}{at}: {}", e.message())
+        })?;
+        let line = |span: std::ops::Range<usize>| line_of(text, span.start);
+        let here = |l: &Located| format!("{origin}:{}: `{}`", l.line, l.key);
+
+        // The base: preset, files, trace, then `set`, as `ftlab sim` layers them.
+        let preset = file
+            .base
+            .preset
+            .as_ref()
+            .map_or(DEFAULT_PRESET, |p| p.get_ref().as_str());
+        let mut base = ConfigBuilder::from_preset(preset).map_err(|e| match &file.base.preset {
+            Some(p) => anyhow::anyhow!("{origin}:{}: base.preset: {e}", line(p.span())),
+            None => e.into(),
+        })?;
+        if file.base.trace.is_some() {
+            // As `ftlab sim --trace`: a trace starts on a fresh device unless asked otherwise.
+            base.set("workload.precondition=false")?;
+        }
+        for c in &file.base.config {
+            let p = folder.join(c.get_ref());
+            base.merge_file(&p)
+                .map_err(|e| anyhow::anyhow!("{origin}:{}: base.config: {e}", line(c.span())))?;
+        }
+        if let Some(t) = &file.base.trace {
+            let p = folder.join(t.get_ref());
+            base.set_value(
+                "workload.trace",
+                toml::Value::String(p.display().to_string()),
+            )?;
+        }
+        let mut sets = Vec::new();
+        for (k, v) in &file.base.set {
+            flatten(k.get_ref(), v.get_ref(), line(k.span()), &mut sets);
+        }
+        for (key, value, line) in sets {
+            let located = Located { key, line };
+            let value = resolve_path(&located.key, value, folder);
+            base.set_value(&located.key, value.clone())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", here(&located)))?;
+            check_layer(&base, &located, &value)
+                .map_err(|e| anyhow::anyhow!("{origin}:{}: base.set {e}", located.line))?;
+        }
+        base.clone()
+            .build()
+            .with_context(|| format!("{origin}: the base configuration"))?;
+
+        // The axes, grid keys in file order, then zip, then the seeds.
+        let mut axes = Vec::new();
+        let mut grid: Vec<_> = file.grid.iter().collect();
+        grid.sort_by_key(|(k, _)| k.span().start);
+        for (k, v) in grid {
+            let key = Located {
+                key: k.get_ref().clone(),
+                line: line(k.span()),
+            };
+            let values = axis_values(v.get_ref(), &key, origin, "grid")?;
+            axes.push(Axis {
+                keys: vec![key],
+                steps: values.into_iter().map(|v| vec![v]).collect(),
+            });
+        }
+        let mut zip: Vec<_> = file.zip.iter().collect();
+        zip.sort_by_key(|(k, _)| k.span().start);
+        if !zip.is_empty() {
+            let mut keys = Vec::new();
+            let mut columns = Vec::new();
+            for (k, v) in zip {
+                let key = Located {
+                    key: k.get_ref().clone(),
+                    line: line(k.span()),
+                };
+                columns.push(axis_values(v.get_ref(), &key, origin, "zip")?);
+                keys.push(key);
+            }
+            let n = columns[0].len();
+            for (key, c) in keys.iter().zip(&columns).skip(1) {
+                if c.len() != n {
+                    bail!(
+                        "{}: zip lists must have one length: {} values here, {n} for `{}` \
+                         (line {})",
+                        here(key),
+                        c.len(),
+                        keys[0].key,
+                        keys[0].line
+                    );
+                }
+            }
+            let steps = (0..n)
+                .map(|i| columns.iter().map(|c| c[i].clone()).collect())
+                .collect();
+            axes.push(Axis { keys, steps });
+        }
+        if let Some(s) = &file.seeds {
+            let key = Located {
+                key: SEED_KEY.into(),
+                line: line(s.span()),
+            };
+            let seeds: Vec<toml::Value> = match s.get_ref() {
+                toml::Value::Integer(n) if (1..=1_000_000).contains(n) => {
+                    (1..=*n).map(toml::Value::Integer).collect()
+                }
+                toml::Value::Integer(n) => {
+                    bail!(
+                        "{origin}:{}: `seeds`: {n} is not a count in 1..=1000000",
+                        key.line
+                    )
+                }
+                v => axis_values(v, &key, origin, "seeds")?,
+            };
+            axes.push(Axis {
+                keys: vec![key],
+                steps: seeds.into_iter().map(|v| vec![v]).collect(),
+            });
+        }
+        let mut seen: BTreeMap<&str, &Located> = BTreeMap::new();
+        for k in axes.iter().flat_map(|a| &a.keys) {
+            if let Some(first) = seen.insert(&k.key, k) {
+                bail!(
+                    "{}: the key is an axis twice (also line {})",
+                    here(k),
+                    first.line
+                );
+            }
+        }
+
+        // Every value alone on the base: a key the configuration does not have, or a value of
+        // the wrong type, is named with its line before anything runs.
+        for axis in &mut axes {
+            for step in &mut axis.steps {
+                for (key, value) in axis.keys.iter().zip(step.iter_mut()) {
+                    *value = resolve_path(&key.key, value.clone(), folder);
+                    let mut b = base.clone();
+                    b.set_value(&key.key, value.clone())
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", here(key)))?;
+                    check_layer(&b, key, value)
+                        .map_err(|e| anyhow::anyhow!("{origin}:{}: {e}", key.line))?;
+                }
+            }
+        }
+
+        // The points: every combination of the axes' steps, the last axis varying fastest.
+        let parameters: Vec<String> = axes
+            .iter()
+            .flat_map(|a| a.keys.iter().map(|k| k.key.clone()))
+            .collect();
+        let count = axes
+            .iter()
+            .try_fold(1usize, |n, a| n.checked_mul(a.steps.len()))
+            .filter(|&n| n <= 10_000_000)
+            .with_context(|| format!("{origin}: more than 10 million points"))?;
+        let mut points = Vec::with_capacity(count);
+        let mut odometer = vec![0usize; axes.len()];
+        for index in 0..count {
+            let mut builder = base.clone();
+            let mut values = Vec::with_capacity(parameters.len());
+            for (axis, &step) in axes.iter().zip(&odometer) {
+                for (key, value) in axis.keys.iter().zip(&axis.steps[step]) {
+                    builder.set_value(&key.key, value.clone())?;
+                    values.push(value.clone());
+                }
+            }
+            let config = builder.build().map_err(|e| {
+                // Name the axis that set the key the configuration refused, when one did.
+                let culprit = match &e {
+                    ConfigError::Invalid { key, .. } => axes
+                        .iter()
+                        .flat_map(|a| &a.keys)
+                        .find(|k| k.key == *key)
+                        .map(|k| format!(":{}", k.line)),
+                    _ => None,
+                };
+                anyhow::anyhow!(
+                    "{origin}{}: point {index} ({}): {e}",
+                    culprit.unwrap_or_default(),
+                    describe(&parameters, &values)
+                )
+            })?;
+            let hash = config_hash(&config);
+            points.push(Point {
+                index,
+                values,
+                config,
+                hash,
+            });
+            for i in (0..axes.len()).rev() {
+                odometer[i] += 1;
+                if odometer[i] < axes[i].steps.len() {
+                    break;
+                }
+                odometer[i] = 0;
+            }
+        }
+        Ok(Spec {
+            origin: origin.to_string(),
+            parameters,
+            points,
+        })
+    }
+}
+
+/// `key=value, key=value` of a point, for messages and `--dry-run`.
+pub fn describe(parameters: &[String], values: &[toml::Value]) -> String {
+    if parameters.is_empty() {
+        return "the base configuration".into();
+    }
+    parameters
+        .iter()
+        .zip(values)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The name of a configuration's report: a hash of its resolved TOML and of the ftlab version,
+/// so that another version's results are never taken for this one's.
+pub fn config_hash(config: &Config) -> String {
+    let text = format!("ftlab {}\n{}", env!("CARGO_PKG_VERSION"), config.to_toml());
+    format!("{:016x}", twox_hash::XxHash3_64::oneshot(text.as_bytes()))
+}
+
+/// The 1-based line of byte `at`.
+fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// An axis' values: a non-empty list.
+fn axis_values(
+    value: &toml::Value,
+    key: &Located,
+    origin: &str,
+    table: &str,
+) -> Result<Vec<toml::Value>> {
+    let here = format!("{origin}:{}: {table} `{}`", key.line, key.key);
+    match value {
+        toml::Value::Array(a) if a.is_empty() => bail!("{here}: the axis has no values"),
+        toml::Value::Array(a) => {
+            if let Some(t) = a.iter().find(|v| matches!(v, toml::Value::Table(_))) {
+                bail!("{here}: a table ({t}) is not a value a key can take");
+            }
+            Ok(a.clone())
+        }
+        v => bail!("{here}: expected a list of values, found {v} (write [{v}] for one value)"),
+    }
+}
+
+/// `set`'s keys, nested tables flattened to dotted keys.
+fn flatten(
+    key: &str,
+    value: &toml::Value,
+    line: usize,
+    out: &mut Vec<(String, toml::Value, usize)>,
+) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                flatten(&format!("{key}.{k}"), v, line, out);
+            }
+        }
+        v => out.push((key.to_string(), v.clone(), line)),
+    }
+}
+
+/// A relative path value of a path key, taken from the sweep file's folder.
+fn resolve_path(key: &str, value: toml::Value, folder: &Path) -> toml::Value {
+    match value {
+        toml::Value::String(s) if PATH_KEYS.contains(&key) && Path::new(&s).is_relative() => {
+            toml::Value::String(PathBuf::from(folder).join(s).display().to_string())
+        }
+        v => v,
+    }
+}
+
+/// Whether the configuration `builder` holds accepts `key`'s value as a key it has, of its type:
+/// only such errors are the value's own (a range check may depend on another axis' value, and
+/// waits for the point).
+fn check_layer(builder: &ConfigBuilder, key: &Located, value: &toml::Value) -> Result<()> {
+    match builder.clone().build() {
+        Err(e @ ConfigError::Parse { .. }) | Err(e @ ConfigError::BadOverride(_)) => {
+            bail!("`{}` = {value}: {e}", key.key)
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Spec> {
+        Spec::parse(text, "s.toml", Path::new("/sweeps"))
+    }
+
+    #[test]
+    fn a_grid_a_zip_and_seeds_expand_in_order() {
+        let spec = parse(
+            "seeds = 2\n[base]\npreset = \"validation-uniform\"\n[grid]\n\
+             \"capacity.over_provisioning\" = [0.07, 0.28]\n\"workload.kind\" = [\"uniform\", \"hotcold\", \"zipf\"]\n\
+             [zip]\n\"ftl.write_buffer_mib\" = [0, 64]\n\"ftl.buffer_policy\" = [\"fifo\", \"hexa\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            spec.parameters,
+            [
+                "capacity.over_provisioning",
+                "workload.kind",
+                "ftl.write_buffer_mib",
+                "ftl.buffer_policy",
+                "workload.seed"
+            ]
+        );
+        assert_eq!(spec.points.len(), 2 * 3 * 2 * 2);
+        let p = &spec.points[1];
+        assert_eq!(
+            describe(&spec.parameters, &p.values),
+            "capacity.over_provisioning=0.07, workload.kind=\"uniform\", ftl.write_buffer_mib=0, \
+             ftl.buffer_policy=\"fifo\", workload.seed=2"
+        );
+        assert_eq!(p.config.workload.seed, 2);
+        let last = spec.points.last().unwrap();
+        assert_eq!(last.config.capacity.over_provisioning, Some(0.28));
+        assert_eq!(last.config.workload.kind, "zipf");
+        assert_eq!(last.config.ftl.write_buffer_mib, 64.0);
+        // Every point is another configuration, so another report.
+        let hashes: std::collections::BTreeSet<_> = spec.points.iter().map(|p| &p.hash).collect();
+        assert_eq!(hashes.len(), spec.points.len());
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_key_and_line() {
+        let cases = [
+            ("[grid]\n\"ftl.bogus\" = [1, 2]\n", "s.toml:2:", "ftl.bogus"),
+            (
+                "[grid]\n\n\"capacity.over_provisioning\" = []\n",
+                "s.toml:3:",
+                "no values",
+            ),
+            (
+                "[grid]\n\"capacity.over_provisioning\" = [0.1, \"lots\"]\n",
+                "s.toml:2:",
+                "capacity.over_provisioning",
+            ),
+            (
+                "[grid]\n\"workload.kind\" = \"uniform\"\n",
+                "s.toml:2:",
+                "list of values",
+            ),
+            (
+                "[grids]\n\"workload.kind\" = [\"uniform\"]\n",
+                "s.toml:1:",
+                "grids",
+            ),
+            (
+                "[zip]\n\"ftl.write_buffer_mib\" = [0, 64]\n\"ftl.streams\" = [1]\n",
+                "s.toml:3:",
+                "one length",
+            ),
+            ("[base]\npreset = \"nope\"\n", "s.toml:2:", "nope"),
+            (
+                "[base]\nset = { \"flash.channel\" = 2 }\n",
+                "s.toml:2:",
+                "flash.channel",
+            ),
+            ("seeds = 0\n", "s.toml:1:", "seeds"),
+            (
+                "[grid]\n\"workload.seed\" = [1]\n[zip]\n\"workload.seed\" = [2]\n",
+                "s.toml:4:",
+                "twice",
+            ),
+        ];
+        for (text, at, names) in cases {
+            let e = format!("{:#}", parse(text).unwrap_err());
+            assert!(e.starts_with(at), "{text:?}: {e}");
+            assert!(e.contains(names), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_point_the_configuration_refuses_names_the_axis() {
+        let e = parse("[grid]\n\"workload.read_pcent\" = [10, 170]\n").unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.starts_with("s.toml:2: point 1"), "{e}");
+        assert!(e.contains("percentage"), "{e}");
+    }
+
+    #[test]
+    fn paths_are_taken_from_the_sweep_files_folder() {
+        let spec = parse(
+            "[base]\ntrace = \"t.csv\"\n[grid]\n\"workload.trace\" = [\"a.csv\", \"/x/b.csv\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            spec.points[0].config.workload.trace.as_deref(),
+            Some("/sweeps/a.csv")
+        );
+        assert_eq!(
+            spec.points[1].config.workload.trace.as_deref(),
+            Some("/x/b.csv")
+        );
+        assert!(!spec.points[0].config.workload.precondition);
+    }
+
+    #[test]
+    fn no_axis_is_one_point_of_the_base() {
+        let spec = parse("").unwrap();
+        assert_eq!(spec.points.len(), 1);
+        assert_eq!(
+            spec.points[0].config,
+            Config::from_preset(DEFAULT_PRESET).unwrap()
+        );
+    }
+}
