@@ -20,6 +20,7 @@ mod mapbench_cmd;
 mod output;
 mod plot;
 mod serve;
+mod sweep_cmd;
 mod volumes_cmd;
 
 #[derive(Parser)]
@@ -35,6 +36,7 @@ ftlab sim --preset validation-uniform       # the WAF reference check (expect ~7
 ftlab sim --trace pgbench.nbdlog.gz --set capacity.logical_bytes=4294967296 --json r.json\n  \
 ftlab sim --set workload.kind=zipf --set workload.read_pcent=30 --set workload.queue_depth=64\n  \
 ftlab plot r.json                           # r-waf.png/svg, r-latency.png/svg\n  \
+ftlab sweep sweeps/waf-vs-op.toml           # a parameter sweep, into one CSV/Parquet table\n  \
 ftlab bench                                 # simulator speed\n  \
 ftlab mapbench rocksdb.nbdlog.gz            # mapping tables side by side (--json r.json)\n  \
 ftlab presets                               # list presets; ftlab config --preset hexa shows one"
@@ -62,6 +64,9 @@ enum Command {
     /// (protected ratio x write buffer x FIFO/Hexa x random, JESD219, pgbench), in parallel and
     /// resumable, into target/experiment-hexa/ (a report per point, hexa.csv, hexa.png/svg).
     Experiment(experiment::ExperimentArgs),
+    /// Run a parameter sweep (a sweep file's grid, zip and seeds) on this machine's cores or a
+    /// Dask cluster, resumable, into one CSV/Parquet table; `sweep plot` draws its columns.
+    Sweep(sweep_cmd::SweepArgs),
     /// Compare mapping tables (flat u64/u32, hash, extent, learned) on traces: speed, memory,
     /// lossless read-back.
     Mapbench(mapbench_cmd::MapbenchArgs),
@@ -427,6 +432,7 @@ fn main() {
         Command::Plot { report, out } => plot::run(&report, out.as_deref()),
         Command::Bench(args) => bench::run(args),
         Command::Experiment(args) => experiment::run(args),
+        Command::Sweep(args) => sweep_cmd::run(args),
         Command::Mapbench(args) => mapbench_cmd::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Check { dir, repair } => check(&dir, repair),
