@@ -33,6 +33,15 @@ mkdir -p target/tmp && : > "$skipped_log"
 status=0
 FTLAB_SKIPPED_LOG="$PWD/$skipped_log" cargo nextest run --workspace --no-fail-fast || status=$?
 cargo test --workspace --doc || status=$?
+# The Python package (pyproject.toml, crates/py, python/): a venv holding what its tests import,
+# the abi3 wheel built by maturin and installed, then pytest (python/tests), which compares the
+# package with the `ftlab` binary nextest just built.
+[ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
+target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest numpy pandas pyarrow distributed
+rm -rf target/wheels
+target/pyenv/bin/maturin build --release --out target/wheels
+target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/ftlab-*.whl
+FTLAB_BIN="$PWD/target/debug/ftlab" target/pyenv/bin/python -m pytest -q python/tests || status=$?
 if [ -s "$skipped_log" ]; then
   echo "SKIPPED: $(wc -l < "$skipped_log") test(s) could not run here and passed without testing:"
   sed 's/^/  SKIPPED /' "$skipped_log"

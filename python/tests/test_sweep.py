@@ -10,14 +10,13 @@ import sys
 import threading
 import time
 
+import distributed
 import pandas
 import pyarrow.parquet
 import pytest
 
 import ftlab
 from conftest import ftlab_binary, run_cli
-
-distributed = pytest.importorskip("distributed")
 
 # 8 points: 2 over-provisioning x 2 workloads x 2 seeds, each a fraction of a second.
 SPEC = """

@@ -422,9 +422,15 @@ fn draw<DB: DrawingBackend>(
                     .map(|rho| (rho, ftlab_sim::analytic::desnoyers_greedy_waf(rho)))
                     .collect();
             }
-            let y_top = reference.iter().map(|p| p.1).fold(y_max, f64::max) * 1.1;
+            // Lines: the axis spans the values (with room above for the legend), not from 0.
+            let top = reference.iter().map(|p| p.1).fold(y_max, f64::max);
+            let bottom = all.clone().map(|p| p.2).fold(f64::INFINITY, f64::min);
+            let span = (top - bottom).max(top.abs() * 0.05).max(1e-9);
             let mut c = chart
-                .build_cartesian_2d((lo - pad)..(hi + pad), y_min..y_top.max(1e-9))
+                .build_cartesian_2d(
+                    (lo - pad)..(hi + pad),
+                    (bottom - 0.1 * span)..(top + 0.3 * span),
+                )
                 .map_err(err)?;
             c.configure_mesh()
                 .x_desc(&args.x)
@@ -472,7 +478,26 @@ fn draw<DB: DrawingBackend>(
                 .label("Desnoyers' greedy limit (uniform)")
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK));
             }
-            draw_legend(&mut c, SeriesLabelPosition::UpperRight)?;
+            // The legend where the lines are low: a falling curve leaves the upper right free.
+            let first = panel
+                .lines
+                .iter()
+                .filter_map(|l| l.points.first())
+                .map(|p| p.1);
+            let last = panel
+                .lines
+                .iter()
+                .filter_map(|l| l.points.last())
+                .map(|p| p.1);
+            let falling = first.sum::<f64>() > last.sum::<f64>();
+            draw_legend(
+                &mut c,
+                if falling {
+                    SeriesLabelPosition::UpperRight
+                } else {
+                    SeriesLabelPosition::UpperLeft
+                },
+            )?;
         } else {
             // Bars: one slot per x value (in first-appearance order), a bar per line inside.
             let mut xs: Vec<&str> = Vec::new();

@@ -11,6 +11,7 @@ mod readme;
 mod server;
 mod store;
 mod support;
+mod sweep;
 mod tools;
 mod traces;
 mod waf;
