@@ -15,8 +15,9 @@ pub struct BenchArgs {
     /// space by a range file, against one stream), all (those four); store (the compressed page
     /// store) and serve (ftlab serve against nbdkit memory, with fio; nbdkit null beside them as
     /// the client's ceiling) separately; cache (a durable device's page cache, ARC against LRU,
-    /// on zipf reads with and without scans).
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache"])]
+    /// on zipf reads with and without scans); sweep (a 16-point grid on one thread and on two,
+    /// `--repeat` alternating rounds).
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache", "sweep"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -27,7 +28,7 @@ pub struct BenchArgs {
     /// serve: seconds each fio job runs.
     #[arg(long, allow_negative_numbers = true, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seconds: u32,
-    /// serve: runs of each job per server, alternating between them; medians are reported.
+    /// serve, sweep: runs of each job per server (or pool), alternating; medians are reported.
     #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// store: corpus directories (comma-separated).
@@ -262,6 +263,9 @@ fn fdp(args: &BenchArgs) -> Result<()> {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "serve" {
         return crate::bench_serve::run(machine(), args.seconds, args.repeat);
+    }
+    if args.which == "sweep" {
+        return crate::bench_sweep::run(machine(), args.repeat, &args.work_dir);
     }
     if args.which == "cache" {
         return crate::bench_cache::run(machine(), &args.work_dir);

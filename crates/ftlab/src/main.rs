@@ -14,6 +14,7 @@ mod bench;
 mod bench_cache;
 mod bench_serve;
 mod bench_store;
+mod bench_sweep;
 mod experiment;
 mod experiment_fdp;
 mod mapbench_cmd;
