@@ -104,8 +104,8 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if let Some(address) = args.dask {
         return dask(&path, &out, &address, args.quiet);
     }
-    let store = Store::open(&out)?;
     if args.dry_run {
+        let store = Store::at(&out);
         let pending = store.pending(&spec);
         println!(
             "{} points, {} to run; results in {}",
@@ -129,6 +129,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
         }
         return Ok(());
     }
+    let store = Store::open(&out)?;
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -29,6 +29,14 @@ pub struct Finished {
 }
 
 impl Store {
+    /// The folder as it is, created by nothing (what `--dry-run` reads).
+    pub fn at(dir: &Path) -> Store {
+        Store {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The folder, created with its `points/` when missing.
     pub fn open(dir: &Path) -> Result<Store> {
         let points = dir.join("points");
         std::fs::create_dir_all(&points)

@@ -148,3 +148,31 @@ fn bad_sweep_files_are_refused_before_anything_runs() {
         assert!(!out.exists(), "{text:?}: something was created");
     }
 }
+
+/// Every example sweep file in sweeps/ expands (its keys exist, its values have their types) and
+/// a dry run creates nothing.
+#[test]
+fn the_example_sweep_files_are_valid() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sweeps");
+    let dir = temp_dir("sweep-examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let out = dir.join("out");
+        let (ok, listed, err) = ftlab(&[
+            "sweep",
+            path.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--dry-run",
+        ]);
+        assert!(ok, "{}: {err}", path.display());
+        assert!(listed.contains(" to run "), "{listed}");
+        assert!(!out.exists(), "a dry run created {}", out.display());
+        checked += 1;
+    }
+    assert!(checked >= 4, "{checked} sweep files");
+}
