@@ -15,7 +15,6 @@ use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -48,8 +47,9 @@ pub struct GridPoint {
     pub config: Config,
 }
 
-/// Runs every point `jobs` at a time (default: the cores), each unless its report is in `dir`
-/// already, printing one line per point with `describe`; returns the reports in order.
+/// Runs every point `jobs` at a time (default: the cores), each unless its report is in
+/// `dir/points` already (for the same configuration: the sweep store's rule, `ftlab_sweep::Store`), printing
+/// one line per point with `describe`; returns the reports in order.
 pub fn run_grid(
     label: &str,
     points: &[GridPoint],
@@ -57,7 +57,11 @@ pub fn run_grid(
     jobs: Option<usize>,
     describe: &(dyn Fn(&Report) -> String + Sync),
 ) -> Result<Vec<Report>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let spec = ftlab_sweep::Spec::of_configs(
+        label,
+        points.iter().map(|p| (p.name.clone(), p.config.clone())),
+    );
+    let store = ftlab_sweep::Store::open(dir)?;
     let jobs = jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
@@ -66,73 +70,28 @@ pub fn run_grid(
         points.len(),
         dir.display()
     );
-    let next = AtomicUsize::new(0);
     let finished = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Report>>> = Mutex::new(vec![None; points.len()]);
-    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.min(points.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= points.len() || failure.lock().unwrap().is_some() {
-                    return;
-                }
-                let point = &points[i];
-                let t = Instant::now();
-                match run_point(point, dir) {
-                    Ok((report, ran)) => {
-                        let n = finished.fetch_add(1, Ordering::Relaxed) + 1;
-                        eprintln!(
-                            "[{n}/{}] {}: {}{}",
-                            points.len(),
-                            point.name,
-                            describe(&report),
-                            if ran {
-                                format!(" ({:.1} s)", t.elapsed().as_secs_f64())
-                            } else {
-                                " (kept from an earlier run)".into()
-                            }
-                        );
-                        results.lock().unwrap()[i] = Some(report);
-                    }
-                    Err(e) => {
-                        failure
-                            .lock()
-                            .unwrap()
-                            .get_or_insert(e.context(point.name.clone()));
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().unwrap() {
-        return Err(e);
-    }
-    Ok(results
-        .into_inner()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.expect("every point ran"))
-        .collect())
-}
-
-/// Runs `point` unless its report is in `dir` already (for the same configuration); returns
-/// the report and whether it ran.
-fn run_point(point: &GridPoint, dir: &Path) -> Result<(Report, bool)> {
-    let path = dir.join(format!("{}.json", point.name));
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Ok(report) = serde_json::from_str::<Report>(&text) {
-            if report.config == point.config {
-                return Ok((report, false));
+    let report_of = |i: usize| -> Result<Report> {
+        let json = store
+            .load(&spec.points[i])
+            .with_context(|| format!("{}: no report", points[i].name))?;
+        Ok(serde_json::from_str(&json)?)
+    };
+    ftlab_sweep::run::run_here(&spec, &store, jobs, &|f| {
+        let n = finished.fetch_add(1, Ordering::Relaxed) + 1;
+        let figures = report_of(f.index).map_or_else(|e| format!("{e:#}"), |r| describe(&r));
+        eprintln!(
+            "[{n}/{}] {}: {figures}{}",
+            points.len(),
+            points[f.index].name,
+            if f.ran {
+                format!(" ({:.1} s)", f.wall_seconds)
+            } else {
+                " (kept from an earlier run)".into()
             }
-        }
-    }
-    let report = ftlab_sim::sim::run(&point.config, &mut |_| {})?;
-    // Written whole or not at all, so that a run stopped midway resumes cleanly.
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, report.to_json()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
-    Ok((report, true))
+        );
+    })?;
+    (0..points.len()).map(report_of).collect()
 }
 
 /// Writes a figure as SVG and PNG beside each other (`stem.svg`, `stem.png`).
@@ -278,13 +237,7 @@ fn run_hexa(args: HexaArgs) -> Result<()> {
             r.iops
         )
     };
-    let reports = run_grid(
-        "hexa",
-        &grid_points,
-        &args.out.join("points"),
-        args.jobs,
-        &describe,
-    )?;
+    let reports = run_grid("hexa", &grid_points, &args.out, args.jobs, &describe)?;
     let csv = args.out.join("hexa.csv");
     std::fs::write(&csv, table(&points, &reports))
         .with_context(|| format!("writing {}", csv.display()))?;

@@ -123,7 +123,7 @@ pub fn run(args: FdpArgs) -> Result<()> {
             ftlab_sim::report::waf_text(steady_waf(r))
         )
     };
-    let reports = run_grid("fdp", &grid, &args.out.join("points"), args.jobs, &describe)?;
+    let reports = run_grid("fdp", &grid, &args.out, args.jobs, &describe)?;
     let csv = args.out.join("fdp.csv");
     std::fs::write(&csv, table(&points, &reports))
         .with_context(|| format!("writing {}", csv.display()))?;

@@ -120,12 +120,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
             } else {
                 "done"
             };
-            println!(
-                "{:>5}  {}  {state:<6}  {}",
-                p.index,
-                p.hash,
-                ftlab_sweep::spec::describe(&spec.parameters, &p.values)
-            );
+            println!("{:>5}  {}  {state:<6}  {}", p.index, p.hash, p.label);
         }
         return Ok(());
     }
@@ -163,7 +158,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
             "[{}/{total}] point {}: {}{}",
             c.0,
             p.index,
-            ftlab_sweep::spec::describe(&spec.parameters, &p.values),
+            p.label,
             if f.ran {
                 format!(" ({:.1} s)", f.wall_seconds)
             } else {

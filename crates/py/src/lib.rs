@@ -210,14 +210,7 @@ impl Sweep {
         self.spec
             .points
             .iter()
-            .map(|p| {
-                (
-                    p.index,
-                    p.hash.clone(),
-                    ftlab_sweep::spec::describe(&self.spec.parameters, &p.values),
-                    p.config.to_toml(),
-                )
-            })
+            .map(|p| (p.index, p.hash.clone(), p.label.clone(), p.config.to_toml()))
             .collect()
     }
 

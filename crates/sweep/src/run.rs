@@ -103,7 +103,7 @@ impl Store {
                     format!(
                         "point {} ({}) has no report in {}",
                         p.index,
-                        crate::spec::describe(&spec.parameters, &p.values),
+                        p.label,
                         self.dir.display()
                     )
                 })
@@ -166,11 +166,9 @@ pub fn run_here(
                         wall_seconds: started.elapsed().as_secs_f64(),
                     }),
                     Err(e) => {
-                        failure.lock().unwrap().get_or_insert(e.context(format!(
-                            "point {} ({})",
-                            point.index,
-                            crate::spec::describe(&spec.parameters, &point.values)
-                        )));
+                        failure.lock().unwrap().get_or_insert(
+                            e.context(format!("point {} ({})", point.index, point.label)),
+                        );
                     }
                 }
             });

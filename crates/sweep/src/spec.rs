@@ -57,6 +57,8 @@ pub struct Point {
     pub index: usize,
     /// The value of every parameter ([`Spec::parameters`]), in that order.
     pub values: Vec<toml::Value>,
+    /// What names it in messages: `key=value, ...` ([`describe`]), or the name its maker gave.
+    pub label: String,
     pub config: Config,
     /// [`config_hash`] of `config`: the name of its report, so that a point already run (by
     /// this sweep or another with the same configuration) is not run again.
@@ -288,6 +290,7 @@ impl Spec {
             let hash = config_hash(&config);
             points.push(Point {
                 index,
+                label: describe(&parameters, &values),
                 values,
                 config,
                 hash,
@@ -305,6 +308,29 @@ impl Spec {
             parameters,
             points,
         })
+    }
+}
+
+impl Spec {
+    /// A sweep of configurations built elsewhere (a paper's grid in code: `ftlab experiment`),
+    /// without axes: the points are run, kept and resumed as a sweep file's are.
+    pub fn of_configs(origin: &str, configs: impl IntoIterator<Item = (String, Config)>) -> Spec {
+        let points = configs
+            .into_iter()
+            .enumerate()
+            .map(|(index, (label, config))| Point {
+                index,
+                label,
+                values: Vec::new(),
+                hash: config_hash(&config),
+                config,
+            })
+            .collect();
+        Spec {
+            origin: origin.to_string(),
+            parameters: Vec::new(),
+            points,
+        }
     }
 }
 
@@ -425,7 +451,7 @@ mod tests {
         assert_eq!(spec.points.len(), 2 * 3 * 2 * 2);
         let p = &spec.points[1];
         assert_eq!(
-            describe(&spec.parameters, &p.values),
+            p.label,
             "capacity.over_provisioning=0.07, workload.kind=\"uniform\", ftl.write_buffer_mib=0, \
              ftl.buffer_policy=\"fifo\", workload.seed=2"
         );
