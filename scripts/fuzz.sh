@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every fuzz target (the five trace parsers, placement range files, the NBD connection, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
+# Runs every fuzz target (the five trace parsers, placement range files, sweep files, the NBD connection, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); RUSTC_BOOTSTRAP lets it use the stable toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -27,7 +27,9 @@ printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05
 # with REQ_ONE) and a CACHE.
 printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x08\x00\x00\x00\x00IHAVEOPT\x00\x00\x00\x0a\x00\x00\x00\x20\x00\x00\x00\x05ftlab\x00\x00\x00\x01\x00\x00\x00\x0fbase\x3aallocationIHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00\x25\x60\x95\x13\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x10xxxxxxxxxxxxxxxx\x25\x60\x95\x13\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x25\x60\x95\x13\x00\x08\x00\x07\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00d\x00\x01\x00\x00\x25\x60\x95\x13\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10\x00' > corpus/nbd_connection/seed-block-status
 failed=()
-for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio placement_ranges device_log checkpoint nbd_connection mapping_tables mapping_sparse group_encodings; do
+mkdir -p corpus/sweep_spec
+cp ../sweeps/*.toml corpus/sweep_spec/
+for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio placement_ranges device_log checkpoint nbd_connection mapping_tables mapping_sparse group_encodings sweep_spec; do
   echo "== $t (${seconds}s)"
   # nbd_connection starts worker threads per input; libFuzzer's leak check can catch a joined
   # thread still in its TLS destructors and report std's own thread handle (see docs/testing.md), and

@@ -24,6 +24,10 @@ use toml::Spanned;
 /// The keys whose string values are paths: relative ones are taken from the sweep file's folder.
 const PATH_KEYS: [&str; 2] = ["workload.trace", "workload.placement_ranges"];
 
+/// The most points a sweep file may expand to: every one is built and checked before any runs
+/// (about 50 us each), and a table of more rows is past what one results folder should hold.
+pub const MAX_POINTS: usize = 100_000;
+
 /// The column (and config key) the `seeds` axis sets.
 pub const SEED_KEY: &str = "workload.seed";
 
@@ -208,12 +212,12 @@ impl Spec {
                 line: line(s.span()),
             };
             let seeds: Vec<toml::Value> = match s.get_ref() {
-                toml::Value::Integer(n) if (1..=1_000_000).contains(n) => {
+                toml::Value::Integer(n) if (1..=MAX_POINTS as i64).contains(n) => {
                     (1..=*n).map(toml::Value::Integer).collect()
                 }
                 toml::Value::Integer(n) => {
                     bail!(
-                        "{origin}:{}: `seeds`: {n} is not a count in 1..=1000000",
+                        "{origin}:{}: `seeds`: {n} is not a count in 1..={MAX_POINTS}",
                         key.line
                     )
                 }
@@ -258,8 +262,8 @@ impl Spec {
         let count = axes
             .iter()
             .try_fold(1usize, |n, a| n.checked_mul(a.steps.len()))
-            .filter(|&n| n <= 10_000_000)
-            .with_context(|| format!("{origin}: more than 10 million points"))?;
+            .filter(|&n| n <= MAX_POINTS)
+            .with_context(|| format!("{origin}: more than {MAX_POINTS} points"))?;
         let mut points = Vec::with_capacity(count);
         let mut odometer = vec![0usize; axes.len()];
         for index in 0..count {
@@ -501,6 +505,7 @@ mod tests {
                 "flash.channel",
             ),
             ("seeds = 0\n", "s.toml:1:", "seeds"),
+            ("seeds = 100001\n", "s.toml:1:", "seeds"),
             (
                 "[grid]\n\"workload.seed\" = [1]\n[zip]\n\"workload.seed\" = [2]\n",
                 "s.toml:4:",
@@ -512,6 +517,15 @@ mod tests {
             assert!(e.starts_with(at), "{text:?}: {e}");
             assert!(e.contains(names), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_sweep_of_too_many_points_is_refused_before_any_is_built() {
+        let values: Vec<String> = (1..=400).map(|i| i.to_string()).collect();
+        let list = values.join(", ");
+        let text = format!("[grid]\n\"workload.seed\" = [{list}]\n\"ftl.streams\" = [{list}]\n");
+        let e = format!("{:#}", parse(&text).unwrap_err());
+        assert!(e.contains("more than 100000 points"), "{e}");
     }
 
     #[test]
