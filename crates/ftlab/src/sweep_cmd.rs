@@ -10,7 +10,8 @@ use ftlab_sweep::{Spec, Store};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use std::io::IsTerminal;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -106,21 +107,27 @@ pub fn run(args: SweepArgs) -> Result<()> {
     }
     if args.dry_run {
         let store = Store::at(&out);
-        let pending = store.pending(&spec);
-        println!(
-            "{} points, {} to run; results in {}",
+        let mut to_run = vec![false; spec.points.len()];
+        for p in store.pending(&spec) {
+            to_run[p.index] = true;
+        }
+        let mut text = format!(
+            "{} points, {} to run; results in {}\npoint  hash              state   parameters\n",
             spec.points.len(),
-            pending.len(),
+            to_run.iter().filter(|&&t| t).count(),
             out.display()
         );
-        println!("point  hash              state   parameters");
         for p in &spec.points {
-            let state = if pending.iter().any(|q| q.index == p.index) {
-                "to run"
-            } else {
-                "done"
-            };
-            println!("{:>5}  {}  {state:<6}  {}", p.index, p.hash, p.label);
+            let state = if to_run[p.index] { "to run" } else { "done" };
+            let _ = writeln!(text, "{:>5}  {}  {state:<6}  {}", p.index, p.hash, p.label);
+        }
+        // Into `head` or a pager that quits early: a closed pipe is the reader's choice, not an
+        // error (println! would panic on it).
+        match std::io::stdout().lock().write_all(text.as_bytes()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                return Err(e).context("writing the list of points")
+            }
+            _ => {}
         }
         return Ok(());
     }

@@ -138,8 +138,12 @@ pub fn run_here(
     on_finished: &(dyn Fn(Finished) + Sync),
 ) -> Result<()> {
     let pending = store.pending(spec);
+    let mut to_run = vec![false; spec.points.len()];
+    for p in &pending {
+        to_run[p.index] = true;
+    }
     for p in &spec.points {
-        if !pending.iter().any(|q| q.index == p.index) {
+        if !to_run[p.index] {
             on_finished(Finished {
                 index: p.index,
                 ran: false,

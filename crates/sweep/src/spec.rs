@@ -25,7 +25,7 @@ use toml::Spanned;
 const PATH_KEYS: [&str; 2] = ["workload.trace", "workload.placement_ranges"];
 
 /// The most points a sweep file may expand to: every one is built and checked before any runs
-/// (about 50 us each), and a table of more rows is past what one results folder should hold.
+/// (about 200 us each), and a table of more rows is past what one results folder should hold.
 pub const MAX_POINTS: usize = 100_000;
 
 /// The column (and config key) the `seeds` axis sets.
