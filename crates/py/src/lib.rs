@@ -17,10 +17,6 @@ fn error(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{e:#}"))
 }
 
-fn anyhow_error(e: anyhow::Error) -> PyErr {
-    PyValueError::new_err(format!("{e:#}"))
-}
-
 /// A Python value as a TOML value: bool, int, float, str, and lists of them.
 fn toml_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<toml::Value> {
     // bool before int: Python's bool is an int.
@@ -97,7 +93,7 @@ fn config_of(toml_text: &str) -> PyResult<ftlab_core::Config> {
 fn simulate(py: Python<'_>, config_toml: &str) -> PyResult<String> {
     let config = config_of(config_toml)?;
     py.detach(|| ftlab_sweep::run::simulate(&config))
-        .map_err(anyhow_error)
+        .map_err(error)
 }
 
 /// A trace's requests as little-endian columns (`time_ns`, `offset_bytes`, `length_bytes`:
@@ -190,8 +186,8 @@ impl Sweep {
         } else {
             Spec::load(Path::new(spec))
         }
-        .map_err(anyhow_error)?;
-        let store = Store::open(Path::new(out)).map_err(anyhow_error)?;
+        .map_err(error)?;
+        let store = Store::open(Path::new(out)).map_err(error)?;
         Ok(Sweep { spec, store })
     }
 
@@ -239,7 +235,7 @@ impl Sweep {
                 "the report given for point {index} is of another configuration"
             )));
         }
-        self.store.save(point, json).map_err(anyhow_error)
+        self.store.save(point, json).map_err(error)
     }
 
     /// Runs the pending points on `jobs` threads of this process, without the GIL; returns how
@@ -253,7 +249,7 @@ impl Sweep {
                 }
             })
         })
-        .map_err(anyhow_error)?;
+        .map_err(error)?;
         Ok(ran.into_inner())
     }
 
@@ -261,7 +257,7 @@ impl Sweep {
     fn write_table(&self, py: Python<'_>) -> PyResult<String> {
         let table = py
             .detach(|| self.store.write_table(&self.spec))
-            .map_err(anyhow_error)?;
+            .map_err(error)?;
         String::from_utf8(table.to_csv()).map_err(error)
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::spec::{Point, Spec};
 use crate::table::Table;
-use anyhow::{Context, Result};
+use crate::{io, Result, SweepError};
 use ftlab_core::Config;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,8 +39,7 @@ impl Store {
     /// The folder, created with its `points/` when missing.
     pub fn open(dir: &Path) -> Result<Store> {
         let points = dir.join("points");
-        std::fs::create_dir_all(&points)
-            .with_context(|| format!("creating {}", points.display()))?;
+        std::fs::create_dir_all(&points).map_err(io(&points))?;
         Ok(Store {
             dir: dir.to_path_buf(),
         })
@@ -80,8 +79,8 @@ impl Store {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+        std::fs::write(&tmp, json).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))
     }
 
     /// The points of `spec` without a report here.
@@ -99,13 +98,10 @@ impl Store {
             .points
             .iter()
             .map(|p| {
-                self.load(p).with_context(|| {
-                    format!(
-                        "point {} ({}) has no report in {}",
-                        p.index,
-                        p.label,
-                        self.dir.display()
-                    )
+                self.load(p).ok_or_else(|| SweepError::NoReport {
+                    index: p.index,
+                    label: p.label.clone(),
+                    dir: self.dir.display().to_string(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -115,8 +111,8 @@ impl Store {
             (self.parquet_path(), table.to_parquet()?),
         ] {
             let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-            std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+            std::fs::rename(&tmp, &path).map_err(io(&path))?;
         }
         Ok(table)
     }
@@ -124,7 +120,7 @@ impl Store {
 
 /// Simulates one configuration (on the calling thread: a point is single-threaded, and so
 /// deterministic) and returns its JSON report.
-pub fn simulate(config: &Config) -> Result<String> {
+pub fn simulate(config: &Config) -> Result<String, ftlab_sim::sim::SimError> {
     Ok(ftlab_sim::sim::run(config, &mut |_| {})?.to_json())
 }
 
@@ -152,7 +148,7 @@ pub fn run_here(
         }
     }
     let next = AtomicUsize::new(0);
-    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let failure: Mutex<Option<SweepError>> = Mutex::new(None);
     std::thread::scope(|scope| {
         for _ in 0..jobs.max(1).min(pending.len()) {
             scope.spawn(|| loop {
@@ -162,7 +158,13 @@ pub fn run_here(
                 }
                 let point = pending[i];
                 let started = Instant::now();
-                let done = simulate(&point.config).and_then(|json| store.save(point, &json));
+                let done = simulate(&point.config)
+                    .map_err(|cause| SweepError::Point {
+                        index: point.index,
+                        label: point.label.clone(),
+                        cause,
+                    })
+                    .and_then(|json| store.save(point, &json));
                 match done {
                     Ok(()) => on_finished(Finished {
                         index: point.index,
@@ -170,9 +172,7 @@ pub fn run_here(
                         wall_seconds: started.elapsed().as_secs_f64(),
                     }),
                     Err(e) => {
-                        failure.lock().unwrap().get_or_insert(
-                            e.context(format!("point {} ({})", point.index, point.label)),
-                        );
+                        failure.lock().unwrap().get_or_insert(e);
                     }
                 }
             });

@@ -14,12 +14,22 @@
 //! "ftl.buffer_policy" = ["fifo", "hexa"]
 //! ```
 
-use anyhow::{bail, Context, Result};
+use crate::{io, Result, SweepError};
 use ftlab_core::config::{Config, ConfigBuilder, ConfigError, DEFAULT_PRESET};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
+
+/// The sweep file's error, formatted: `spec_error!("{origin}:{line}: ...")`.
+macro_rules! spec_error {
+    ($($arg:tt)*) => { SweepError::Spec(format!($($arg)*)) };
+}
+
+/// Refuses the sweep file: returns the error `spec_error!` makes.
+macro_rules! refuse {
+    ($($arg:tt)*) => { return Err(spec_error!($($arg)*)) };
+}
 
 /// The keys whose string values are paths: relative ones are taken from the sweep file's folder.
 const PATH_KEYS: [&str; 2] = ["workload.trace", "workload.placement_ranges"];
@@ -95,10 +105,9 @@ struct Axis {
 impl Spec {
     /// Reads and expands the sweep file at `path`.
     pub fn load(path: &Path) -> Result<Spec> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the sweep file {}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(io(path))?;
         let folder = std::path::absolute(path)
-            .with_context(|| format!("{}", path.display()))?
+            .map_err(io(path))?
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
@@ -113,7 +122,7 @@ impl Spec {
                 .span()
                 .map(|s| format!(":{}", line_of(text, s.start)))
                 .unwrap_or_default();
-            anyhow::anyhow!("{origin}{at}: {}", e.message())
+            spec_error!("{origin}{at}: {}", e.message())
         })?;
         let line = |span: std::ops::Range<usize>| line_of(text, span.start);
         let here = |l: &Located| format!("{origin}:{}: `{}`", l.line, l.key);
@@ -125,7 +134,7 @@ impl Spec {
             .as_ref()
             .map_or(DEFAULT_PRESET, |p| p.get_ref().as_str());
         let mut base = ConfigBuilder::from_preset(preset).map_err(|e| match &file.base.preset {
-            Some(p) => anyhow::anyhow!("{origin}:{}: base.preset: {e}", line(p.span())),
+            Some(p) => spec_error!("{origin}:{}: base.preset: {e}", line(p.span())),
             None => e.into(),
         })?;
         if file.base.trace.is_some() {
@@ -135,7 +144,7 @@ impl Spec {
         for c in &file.base.config {
             let p = folder.join(c.get_ref());
             base.merge_file(&p)
-                .map_err(|e| anyhow::anyhow!("{origin}:{}: base.config: {e}", line(c.span())))?;
+                .map_err(|e| spec_error!("{origin}:{}: base.config: {e}", line(c.span())))?;
         }
         if let Some(t) = &file.base.trace {
             let p = folder.join(t.get_ref());
@@ -152,13 +161,13 @@ impl Spec {
             let located = Located { key, line };
             let value = resolve_path(&located.key, value, folder);
             base.set_value(&located.key, value.clone())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", here(&located)))?;
+                .map_err(|e| spec_error!("{}: {e}", here(&located)))?;
             check_layer(&base, &located, &value)
-                .map_err(|e| anyhow::anyhow!("{origin}:{}: base.set {e}", located.line))?;
+                .map_err(|e| spec_error!("{origin}:{}: base.set {e}", located.line))?;
         }
         base.clone()
             .build()
-            .with_context(|| format!("{origin}: the base configuration"))?;
+            .map_err(|e| spec_error!("{origin}: the base configuration: {e}"))?;
 
         // The axes, grid keys in file order, then zip, then the seeds.
         let mut axes = Vec::new();
@@ -191,7 +200,7 @@ impl Spec {
             let n = columns[0].len();
             for (key, c) in keys.iter().zip(&columns).skip(1) {
                 if c.len() != n {
-                    bail!(
+                    refuse!(
                         "{}: zip lists must have one length: {} values here, {n} for `{}` \
                          (line {})",
                         here(key),
@@ -216,7 +225,7 @@ impl Spec {
                     (1..=*n).map(toml::Value::Integer).collect()
                 }
                 toml::Value::Integer(n) => {
-                    bail!(
+                    refuse!(
                         "{origin}:{}: `seeds`: {n} is not a count in 1..={MAX_POINTS}",
                         key.line
                     )
@@ -231,7 +240,7 @@ impl Spec {
         let mut seen: BTreeMap<&str, &Located> = BTreeMap::new();
         for k in axes.iter().flat_map(|a| &a.keys) {
             if let Some(first) = seen.insert(&k.key, k) {
-                bail!(
+                refuse!(
                     "{}: the key is an axis twice (also line {})",
                     here(k),
                     first.line
@@ -247,9 +256,9 @@ impl Spec {
                     *value = resolve_path(&key.key, value.clone(), folder);
                     let mut b = base.clone();
                     b.set_value(&key.key, value.clone())
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", here(key)))?;
+                        .map_err(|e| spec_error!("{}: {e}", here(key)))?;
                     check_layer(&b, key, value)
-                        .map_err(|e| anyhow::anyhow!("{origin}:{}: {e}", key.line))?;
+                        .map_err(|e| spec_error!("{origin}:{}: {e}", key.line))?;
                 }
             }
         }
@@ -263,7 +272,7 @@ impl Spec {
             .iter()
             .try_fold(1usize, |n, a| n.checked_mul(a.steps.len()))
             .filter(|&n| n <= MAX_POINTS)
-            .with_context(|| format!("{origin}: more than {MAX_POINTS} points"))?;
+            .ok_or_else(|| spec_error!("{origin}: more than {MAX_POINTS} points"))?;
         let mut points = Vec::with_capacity(count);
         let mut odometer = vec![0usize; axes.len()];
         for index in 0..count {
@@ -285,7 +294,7 @@ impl Spec {
                         .map(|k| format!(":{}", k.line)),
                     _ => None,
                 };
-                anyhow::anyhow!(
+                spec_error!(
                     "{origin}{}: point {index} ({}): {e}",
                     culprit.unwrap_or_default(),
                     describe(&parameters, &values)
@@ -376,14 +385,14 @@ fn axis_values(
 ) -> Result<Vec<toml::Value>> {
     let here = format!("{origin}:{}: {table} `{}`", key.line, key.key);
     match value {
-        toml::Value::Array(a) if a.is_empty() => bail!("{here}: the axis has no values"),
+        toml::Value::Array(a) if a.is_empty() => refuse!("{here}: the axis has no values"),
         toml::Value::Array(a) => {
             if let Some(t) = a.iter().find(|v| matches!(v, toml::Value::Table(_))) {
-                bail!("{here}: a table ({t}) is not a value a key can take");
+                refuse!("{here}: a table ({t}) is not a value a key can take");
             }
             Ok(a.clone())
         }
-        v => bail!("{here}: expected a list of values, found {v} (write [{v}] for one value)"),
+        v => refuse!("{here}: expected a list of values, found {v} (write [{v}] for one value)"),
     }
 }
 
@@ -420,7 +429,7 @@ fn resolve_path(key: &str, value: toml::Value, folder: &Path) -> toml::Value {
 fn check_layer(builder: &ConfigBuilder, key: &Located, value: &toml::Value) -> Result<()> {
     match builder.clone().build() {
         Err(e @ ConfigError::Parse { .. }) | Err(e @ ConfigError::BadOverride(_)) => {
-            bail!("`{}` = {value}: {e}", key.key)
+            refuse!("`{}` = {value}: {e}", key.key)
         }
         _ => Ok(()),
     }

@@ -3,7 +3,7 @@
 //! `latency_ns.write.p99`, `mapping.bytes` ...), written as CSV and as Parquet.
 
 use crate::spec::Spec;
-use anyhow::{Context, Result};
+use crate::{Result, SweepError};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,7 +57,10 @@ impl Table {
                 out: &mut flat,
             }
             .deserialize(&mut de)
-            .with_context(|| format!("the report of point {}", point.index))?;
+            .map_err(|e| SweepError::BadReport {
+                index: point.index,
+                reason: e.to_string(),
+            })?;
             let row = flat
                 .into_iter()
                 .map(|(name, cell)| {
