@@ -96,10 +96,41 @@ enum Command {
         #[arg(long)]
         repair: bool,
     },
+    /// Access policies (`serve --policy FILE`): `policy check FILE --principal P --action A
+    /// --export E` says whether the file allows it, and which statement decided.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// List the built-in presets.
     Presets,
     /// Print the fully resolved configuration as TOML (a starting point for --config files).
     Config(ConfigArgs),
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Check a policy file and explain one decision: allowed or denied, by which statement (or by
+    /// default: what no statement allows is denied). Exit 0 when allowed, 3 when denied, 1 when
+    /// the file is refused.
+    #[command(after_help = "Examples:\n  \
+ftlab policy check policy.toml --principal cn:ops-alice --action write --export db\n  \
+ftlab policy check policy.toml --principal uid:1000 --principal gid:100 --action read --export db@monday\n  \
+ftlab policy check policy.toml --action list --export db          # an anonymous client")]
+    Check {
+        /// The policy file (docs/serve.md, "Access policies").
+        file: PathBuf,
+        /// A name the client goes by: cn:NAME or san:NAME (its TLS certificate), uid:N or gid:N
+        /// (its Unix socket credentials); repeat for each. None: anonymous.
+        #[arg(long = "principal", value_name = "KIND:NAME")]
+        principals: Vec<String>,
+        /// read, write, trim, flush, list, snapshot.create, snapshot.delete, clone, metrics.
+        #[arg(long, value_parser = ftlab_server::policy::ACTIONS)]
+        action: String,
+        /// The export (NAME, or NAME@SNAPSHOT for a snapshot or clone).
+        #[arg(long)]
+        export: String,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -413,6 +444,28 @@ fn check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `ftlab policy check`: prints the decision and exits 3 when it is a denial.
+fn policy_check(
+    file: &std::path::Path,
+    names: Vec<String>,
+    action: &str,
+    export: &str,
+) -> Result<()> {
+    use ftlab_server::policy::{Policy, Principal};
+    let policy = Policy::load(file)?;
+    let principal = Principal { names };
+    let decision = policy.decide(&principal, action, export);
+    println!(
+        "{} {action} on {export}: {}",
+        principal.describe(),
+        decision.explain(&policy)
+    );
+    if !decision.allowed {
+        std::process::exit(3);
+    }
+    Ok(())
+}
+
 /// A TOML string literal for a path given on the command line.
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
@@ -439,6 +492,15 @@ fn main() {
         Command::Check { dir, repair } => check(&dir, repair),
         Command::Snapshot { command } => volumes_cmd::run_snapshot(command),
         Command::Image { command } => volumes_cmd::run_image(command),
+        Command::Policy {
+            command:
+                PolicyCommand::Check {
+                    file,
+                    principals,
+                    action,
+                    export,
+                },
+        } => policy_check(&file, principals, &action, &export),
         Command::Presets => {
             for p in PRESETS {
                 println!("{:<20} {}", p.name, p.summary);

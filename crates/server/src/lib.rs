@@ -10,6 +10,7 @@
 pub mod budget;
 pub mod dictionary;
 pub mod incoming;
+pub mod policy;
 pub mod protocol;
 
 use ftlab_core::config::Config;

@@ -368,3 +368,66 @@ fn the_examples_of_sim_help_run() {
     }
     assert!(read_json(dir.path().join("r.json"))["host_write_pages"].as_u64() > Some(0));
 }
+
+/// docs/serve.md's policy example, run: the documented `ftlab policy check` commands on the
+/// documented file print what the page says, and exit 3 for a denial.
+#[test]
+fn the_access_policy_example_decides_as_documented() {
+    let serve = doc("docs/serve.md");
+    let text = section(&serve, "## Access policies");
+    let block = |fence: &str| {
+        text.split(fence)
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .unwrap_or_else(|| panic!("a {fence} block"))
+    };
+    let dir = temp_dir("docs-policy");
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, block("```toml\n")).unwrap();
+    let lines: Vec<&str> = block("```text\n").lines().collect();
+    let mut checked = 0;
+    for pair in lines.windows(2) {
+        let Some(command) = pair[0].strip_prefix("$ ftlab ") else {
+            continue;
+        };
+        let args: Vec<String> = command
+            .split_whitespace()
+            .map(|a| {
+                if a == "policy.toml" {
+                    file.display().to_string()
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            pair[1],
+            "{command}"
+        );
+        let denied = pair[1].contains("denied");
+        assert_eq!(
+            out.status.code(),
+            Some(if denied { 3 } else { 0 }),
+            "{command}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "{checked} documented decisions");
+    // A refused file: exit 1 and the line named.
+    std::fs::write(&file, "[[statement]]\neffect = \"permit\"\n").unwrap();
+    let (ok, _, err) = ftlab(&[
+        "policy",
+        "check",
+        file.to_str().unwrap(),
+        "--action",
+        "read",
+        "--export",
+        "x",
+    ]);
+    assert!(!ok && err.contains("policy.toml:2:"), "{err}");
+}
