@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use ftlab_server::{
-    serve_connection, ConnectionLimits, Device, DeviceOptions, Latency, RecordFormat,
+    serve_connection_as, ConnectionLimits, Device, DeviceOptions, Latency, RecordFormat,
 };
 use ftlab_store::codec::Codec;
 use std::net::TcpListener;
@@ -76,6 +76,16 @@ pub struct ServeArgs {
     /// damage before a FLUSH's commit refuses to start). docs/serve.md, "A durable device".
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
+    /// An access policy (docs/serve.md, "Access policies"): who may list, read, write, trim,
+    /// flush which export. Clients on --unix are known by their uid and gid, TCP clients are
+    /// anonymous. SIGHUP then reloads it (checked first: a refused file leaves the old in
+    /// force) for the connections made after it, instead of stopping the server.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Append an audit log here, a JSON line per event: every connection (principal, address),
+    /// every denied decision with the statement that decided it, every policy reload.
+    #[arg(long, value_name = "FILE")]
+    audit: Option<PathBuf>,
     /// With --data: when the log is synced (fdatasync) before answering: flush (FLUSH and FUA
     /// writes; concurrent flushes share one sync), always (every write and trim too), never.
     #[arg(long, default_value = "flush", value_parser = ftlab_server::Durability::parse)]
@@ -303,15 +313,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Now, so that a path that cannot be written stops `serve` before any client comes.
         write_stats(&device, path)?;
     }
+    if let Some(path) = &args.audit {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening the audit log {}", path.display()))?;
+        device.set_audit(file);
+    }
+    if let Some(path) = &args.policy {
+        device.set_policy(Some(ftlab_server::policy::Policy::load(path)?));
+    }
     // Set by SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session ends the device as
-    // cleanly, its image saved); the loops below poll it.
+    // cleanly, its image saved); the loops below poll it. With a policy, SIGHUP reloads it.
     let stop = Arc::new(AtomicBool::new(false));
+    let reload = Arc::new(AtomicBool::new(false));
     for signal in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGHUP,
     ] {
-        signal_hook::flag::register(signal, stop.clone())
+        let flag = if signal == signal_hook::consts::SIGHUP && args.policy.is_some() {
+            reload.clone()
+        } else {
+            stop.clone()
+        };
+        signal_hook::flag::register(signal, flag)
             .with_context(|| format!("installing the handler of signal {signal}"))?;
     }
     // Every listener is bound before anything says "ready": a banner followed by a failure to
@@ -418,6 +445,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 last_stats = std::time::Instant::now();
             }
         }
+        if reload.swap(false, Ordering::SeqCst) {
+            reload_policy(&device, args.policy.as_deref().expect("only with --policy"));
+        }
         let mut idle = true;
         connections.retain(|c| !c.thread.is_finished());
         if let Some((stream, peer)) = tcp.as_ref().and_then(|l| l.accept().ok()) {
@@ -427,16 +457,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 args.max_connections,
                 &device,
                 peer.to_string(),
+                ftlab_server::policy::Principal::anonymous(),
                 stream,
             );
         }
         if let Some((stream, _)) = unix.as_ref().and_then(|l| l.accept().ok()) {
             idle = false;
+            let principal = unix_principal(&stream);
             admit(
                 &mut connections,
                 args.max_connections,
                 &device,
-                "unix client".into(),
+                format!("unix client {}", principal.describe()),
+                principal,
                 stream,
             );
         }
@@ -530,15 +563,73 @@ fn admit<S: Socket>(
     max: u32,
     device: &Arc<Device>,
     who: String,
+    principal: ftlab_server::policy::Principal,
     stream: S,
 ) {
+    device.audit(
+        "connect",
+        serde_json::json!({"principal": principal.describe(), "address": who, "tls": false}),
+    );
     if connections.len() >= max as usize {
         eprintln!("ftlab serve: {who}: refused: {max} connections already (--max-connections)");
         return;
     }
-    match Connection::accept(device, who.clone(), stream) {
+    match Connection::accept(device, who.clone(), principal, stream) {
         Ok(c) => connections.push(c),
         Err(e) => eprintln!("ftlab serve: {who}: refused: {e}"),
+    }
+}
+
+/// Checks the policy file again and puts it in force, or says why not and keeps the old one.
+fn reload_policy(device: &Device, path: &Path) {
+    match ftlab_server::policy::Policy::load(path) {
+        Ok(p) => {
+            let statements = p.statements.len();
+            device.set_policy(Some(p));
+            device.audit(
+                "policy_reload",
+                serde_json::json!({"file": path.display().to_string(), "statements": statements}),
+            );
+            eprintln!(
+                "ftlab serve: {}: policy reloaded ({statements} statements)",
+                path.display()
+            );
+        }
+        Err(e) => {
+            device.audit(
+                "policy_refused",
+                serde_json::json!({"file": path.display().to_string(), "reason": e.to_string()}),
+            );
+            eprintln!("ftlab serve: policy not reloaded, the old one stays: {e}");
+        }
+    }
+}
+
+/// A Unix socket client's principal: its uid and gid (SO_PEERCRED, as the kernel saw them when
+/// it connected); anonymous when the kernel does not say.
+fn unix_principal(stream: &std::os::unix::net::UnixStream) -> ftlab_server::policy::Principal {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for the kernel to write a ucred into; the fd is open.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return ftlab_server::policy::Principal::anonymous();
+    }
+    ftlab_server::policy::Principal {
+        names: vec![format!("uid:{}", cred.uid), format!("gid:{}", cred.gid)],
     }
 }
 
@@ -551,12 +642,17 @@ struct Connection {
 
 impl Connection {
     /// Serves a client just accepted.
-    fn accept<S: Socket>(device: &Arc<Device>, name: String, stream: S) -> std::io::Result<Self> {
+    fn accept<S: Socket>(
+        device: &Arc<Device>,
+        name: String,
+        principal: ftlab_server::policy::Principal,
+        stream: S,
+    ) -> std::io::Result<Self> {
         stream.configure()?;
         let (reader, shut) = (stream.try_clone_socket()?, stream.try_clone_socket()?);
         let device = device.clone();
         let thread = std::thread::spawn(move || {
-            if let Err(e) = serve_connection(&device, reader, stream) {
+            if let Err(e) = serve_connection_as(&device, &principal, reader, stream) {
                 eprintln!("ftlab serve: {name}: closed: {e}");
             }
         });

@@ -245,6 +245,9 @@ impl ExportSpec {
 struct Negotiated {
     /// The export it serves.
     export: Target,
+    /// The commands the access policy allows on it, decided at negotiation (`policy::IO_*`
+    /// bits; all without a policy): a reloaded policy applies to connections made after it.
+    io_allowed: u8,
     /// Structured replies (`NBD_OPT_STRUCTURED_REPLY`).
     structured: bool,
     /// The `base:allocation` metadata context (`NBD_OPT_SET_META_CONTEXT`), answered by
@@ -360,6 +363,10 @@ pub struct Device {
     options: DeviceOptions,
     /// Set by `begin_shutdown`: requests are answered ESHUTDOWN.
     draining: AtomicBool,
+    /// Who may do what (`set_policy`); none: everyone everything.
+    policy: std::sync::RwLock<Option<std::sync::Arc<policy::Policy>>>,
+    /// The audit log (`set_audit`): a JSON line per connection, denial and volume action.
+    audit: Mutex<Option<std::fs::File>>,
     /// Set when executing a request panicked (a bug in ftlab): what panicked, where. From then
     /// on every request read is answered EIO, as a drive whose firmware asserted stays failed,
     /// rather than executed on state the panic may have left half-updated (requests already
@@ -603,6 +610,8 @@ impl Device {
             options,
             draining: AtomicBool::new(false),
             failure: OnceLock::new(),
+            policy: std::sync::RwLock::new(None),
+            audit: Mutex::new(None),
             panic_next_request: AtomicBool::new(false),
             client_latency: Mutex::new(OpHistograms::default()),
             config: config.clone(),
@@ -1306,6 +1315,109 @@ impl Device {
 
     /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
     /// in one chunk anyway.
+    /// Puts `policy` in force for connections made from now on (None: no policy).
+    pub fn set_policy(&self, policy: Option<policy::Policy>) {
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = policy.map(std::sync::Arc::new);
+    }
+
+    /// Appends the audit log's lines to `file` from now on.
+    pub fn set_audit(&self, file: std::fs::File) {
+        *self.audit.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+    }
+
+    /// Writes one audit line: `event` and `fields`, with the wall-clock time. An audit log that
+    /// cannot be written is reported once on stderr and no longer written (the device goes on).
+    pub fn audit(&self, event: &str, fields: serde_json::Value) {
+        let mut guard = self.audit.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(file) = guard.as_mut() else {
+            return;
+        };
+        let mut line = serde_json::json!({
+            "time_unix_ms": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            "event": event,
+        });
+        if let (Some(l), serde_json::Value::Object(f)) = (line.as_object_mut(), fields) {
+            l.extend(f);
+        }
+        let mut text = line.to_string();
+        text.push('\n');
+        if let Err(e) = file.write_all(text.as_bytes()) {
+            eprintln!("ftlab serve: the audit log: {e}; no longer written");
+            *guard = None;
+        }
+    }
+
+    /// May `principal` do `action` on `export`? Yes for everyone without a policy; a denial is
+    /// written to the audit log with the statement (or default) that decided it.
+    pub fn allows(&self, principal: &policy::Principal, action: &str, export: &str) -> bool {
+        let policy = self
+            .policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(policy) = policy else {
+            return true;
+        };
+        let d = policy.decide(principal, action, export);
+        if !d.allowed {
+            self.audit(
+                "denied",
+                serde_json::json!({
+                    "principal": principal.describe(),
+                    "action": action,
+                    "export": export,
+                    "reason": d.explain(&policy),
+                }),
+            );
+        }
+        d.allowed
+    }
+
+    /// The `policy::IO_*` bits `principal` is allowed on `target`, decided once at
+    /// negotiation (a denial is audited when a command meets it, or when none is allowed).
+    fn io_allowed(&self, principal: &policy::Principal, target: Target) -> u8 {
+        let policy = self
+            .policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(policy) = policy else {
+            return policy::IO_ALL;
+        };
+        let name = self.target_name(target);
+        let bits = policy::IO_ACTIONS
+            .iter()
+            .filter(|(action, _)| policy.decide(principal, action, &name).allowed)
+            .fold(0, |bits, (_, bit)| bits | bit);
+        if bits == 0 {
+            self.allows(principal, "read", &name);
+        }
+        bits
+    }
+
+    /// The name a policy knows an export by: `NAME`, or `NAME@VOLUME` for a snapshot or clone
+    /// (the default export's name when the client asked for "").
+    fn target_name(&self, target: Target) -> String {
+        let export = &self.exports[target.export].spec.name;
+        if target.volume == 0 {
+            return export.clone();
+        }
+        let volume = self
+            .durable
+            .as_ref()
+            .and_then(|d| {
+                d.lock()
+                    .volumes()
+                    .into_iter()
+                    .find(|v| v.id == target.volume)
+                    .map(|v| v.name)
+            })
+            .unwrap_or_default();
+        format!("{export}@{volume}")
+    }
+
     fn transmission_flags(&self, structured: bool, target: Target) -> u16 {
         let read_only = if self.options.read_only
             || self.exports[target.export].spec.read_only
@@ -1715,6 +1827,8 @@ pub enum ConnectionError {
     OptionTooLong { option: u32, length: u32 },
     #[error("unknown export `{0}`")]
     UnknownExport(String),
+    #[error("the access policy allows this client nothing on `{0}`")]
+    Denied(String),
     #[error("write of {0} bytes (at most {max}): cannot stay in sync", max = p::MAX_REQUEST_BYTES)]
     WriteTooLong(u32),
     #[error(
@@ -1787,6 +1901,17 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     reader: R,
     writer: W,
 ) -> Result<(), ConnectionError> {
+    serve_connection_as(device, &policy::Principal::anonymous(), reader, writer)
+}
+
+/// [`serve_connection`] for a client known as `principal` (its Unix credentials, its TLS
+/// certificate's names): what the access policy decides by.
+pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
+    device: &Device,
+    principal: &policy::Principal,
+    reader: R,
+    writer: W,
+) -> Result<(), ConnectionError> {
     let limits = device.options.limits;
     // Every read of the handshake waits at most until its deadline: a client that connects and
     // sends nothing, or half an option, holds a thread only that long.
@@ -1799,7 +1924,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     );
     let mut w = BufWriter::with_capacity(256 << 10, writer);
     let share = budget::ConnectionShare::default();
-    let handshake = handshake(device, &mut r, &mut w).map_err(|e| {
+    let handshake = handshake(device, principal, &mut r, &mut w).map_err(|e| {
         if r.get_ref().deadline.is_some_and(|d| Instant::now() >= d) {
             ConnectionError::HandshakeDeadline {
                 seconds: limits.handshake_timeout.as_secs_f64(),
@@ -1827,6 +1952,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
         transmission(
             device,
             &share,
+            principal,
             negotiated,
             &mut r,
             |reply, _, timing, in_flight, charge| {
@@ -1852,6 +1978,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
             let result = transmission(
                 device,
                 &share,
+                principal,
                 negotiated,
                 &mut r,
                 |reply, hold, timing, in_flight, charge| {
@@ -1879,6 +2006,7 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
 /// or None when the client ended it in order (`NBD_OPT_ABORT`).
 fn handshake<R: Read, W: Write>(
     device: &Device,
+    principal: &policy::Principal,
     r: &mut BufReader<R>,
     w: &mut BufWriter<W>,
 ) -> Result<Option<Negotiated>, ConnectionError> {
@@ -1896,6 +2024,7 @@ fn handshake<R: Read, W: Write>(
     let name_ok = |name: &str| device.export_named(name).is_some();
     // The export chosen by OPT_EXPORT_NAME or OPT_GO, either of which ends the haggling.
     let export;
+    let io_allowed;
     // Option haggling.
     loop {
         let mut h = [0u8; 16];
@@ -1915,6 +2044,11 @@ fn handshake<R: Read, W: Write>(
                 let Some(named) = device.export_named(&name) else {
                     return Err(ConnectionError::UnknownExport(name.into_owned()));
                 };
+                // This old option has no error reply: a denied client is disconnected.
+                io_allowed = device.io_allowed(principal, named);
+                if io_allowed == 0 {
+                    return Err(ConnectionError::Denied(name.into_owned()));
+                }
                 export = named;
                 send(w, &device.exports[export.export].size_bytes.to_be_bytes())?;
                 send(
@@ -1947,6 +2081,9 @@ fn handshake<R: Read, W: Write>(
                                 None => e.spec.name.clone(),
                                 Some(v) => format!("{}@{}", e.spec.name, v.name),
                             };
+                            if !device.allows(principal, "list", &name) {
+                                continue;
+                            }
                             let mut d = (name.len() as u32).to_be_bytes().to_vec();
                             d.extend_from_slice(name.as_bytes());
                             send(w, &p::option_reply(header.option, p::REP_SERVER, &d))?;
@@ -2036,6 +2173,26 @@ fn handshake<R: Read, W: Write>(
                         format!("no export `{}`", go.name).as_bytes(),
                     ),
                 )?,
+                Ok(go)
+                    if device.io_allowed(
+                        principal,
+                        device.export_named(&go.name).expect("checked by name_ok"),
+                    ) == 0 =>
+                {
+                    send(
+                        w,
+                        &p::option_reply(
+                            header.option,
+                            p::REP_ERR_POLICY,
+                            format!(
+                                "the access policy allows {} nothing on `{}`",
+                                principal.describe(),
+                                go.name
+                            )
+                            .as_bytes(),
+                        ),
+                    )?
+                }
                 Ok(go) => {
                     let named = device.export_named(&go.name).expect("checked by name_ok");
                     let info = p::info_export(
@@ -2050,6 +2207,7 @@ fn handshake<R: Read, W: Write>(
                     send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
                     if header.option == p::OPT_GO {
                         export = named;
+                        io_allowed = device.io_allowed(principal, named);
                         break;
                     }
                 }
@@ -2064,6 +2222,7 @@ fn handshake<R: Read, W: Write>(
     w.flush().map_err(write_error)?;
     Ok(Some(Negotiated {
         export,
+        io_allowed,
         structured,
         allocation,
     }))
@@ -2125,6 +2284,7 @@ const BATCH_PAGES: usize = 8;
 fn transmission<'d, R: Incoming + Send>(
     device: &'d Device,
     share: &'d budget::ConnectionShare,
+    principal: &'d policy::Principal,
     negotiated: Negotiated,
     r: &mut BufReader<R>,
     deliver: impl Fn(
@@ -2189,7 +2349,14 @@ fn transmission<'d, R: Incoming + Send>(
                         p::CMD_WRITE => request.length as usize,
                         _ => 0,
                     };
-                    let reply = answer(device, negotiated, &request, &payload[..length], alone);
+                    let reply = answer(
+                        device,
+                        principal,
+                        negotiated,
+                        &request,
+                        &payload[..length],
+                        alone,
+                    );
                     // An idle connection keeps no large buffer (its charge is returned with the
                     // reply; this memory would otherwise stay with the connection).
                     if payload.capacity() > KEEP_PAYLOAD_BYTES {
@@ -2277,6 +2444,7 @@ fn read_request<'d, R: Read>(
 /// the request before it exists: `budget`).
 fn answer(
     device: &Device,
+    principal: &policy::Principal,
     negotiated: Negotiated,
     request: &p::Request,
     payload: &[u8],
@@ -2311,6 +2479,15 @@ fn answer(
         Err(p::EIO)
     } else if request.command == p::CMD_READ && request.length > p::MAX_REQUEST_BYTES {
         Err(p::EINVAL)
+    } else if policy::io_bit(request.command) & negotiated.io_allowed == 0 {
+        // Decided again, for the audit line and its reason.
+        let name = device.target_name(negotiated.export);
+        let action = policy::IO_ACTIONS
+            .iter()
+            .find(|(_, bit)| bit & policy::io_bit(request.command) != 0)
+            .map_or("read", |(a, _)| a);
+        device.allows(principal, action, &name);
+        Err(p::EPERM)
     } else {
         if request.command == p::CMD_READ {
             out.reserve_exact(head + request.length as usize);

@@ -39,6 +39,23 @@ pub const ACTIONS: [&str; 9] = [
     "metrics",
 ];
 
+/// The actions a connection's commands need, as bits of its negotiated allowance.
+pub const IO_ACTIONS: [(&str, u8); 4] = [("read", 1), ("write", 2), ("trim", 4), ("flush", 8)];
+pub const IO_ALL: u8 = 15;
+
+/// The bit of `IO_ACTIONS` an NBD command needs (block status and cache are reads; write
+/// zeroes is a write); a command with none of its own is let through to be refused as unknown.
+pub fn io_bit(command: u16) -> u8 {
+    use crate::protocol as p;
+    match command {
+        p::CMD_READ | p::CMD_CACHE | p::CMD_BLOCK_STATUS => 1,
+        p::CMD_WRITE | p::CMD_WRITE_ZEROES => 2,
+        p::CMD_TRIM => 4,
+        p::CMD_FLUSH => 8,
+        _ => IO_ALL,
+    }
+}
+
 /// The kinds of principal a pattern may name (before the colon), besides `anonymous` and `*`.
 const PRINCIPAL_KINDS: [&str; 4] = ["cn", "san", "uid", "gid"];
 

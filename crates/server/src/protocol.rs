@@ -36,6 +36,8 @@ pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+/// The server's policy does not allow it (the NBD spec's NBD_REP_ERR_POLICY).
+pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 
 pub const INFO_EXPORT: u16 = 0;
 pub const INFO_BLOCK_SIZE: u16 = 3;

@@ -1020,3 +1020,128 @@ fn ext4_on_a_durable_device_survives_kill_9_mid_copy() {
     );
     eprintln!("{TEST}: {iterations} iterations, e2fsck clean");
 }
+
+/// `serve --policy` with real clients on a Unix socket (known by their uid): a write the policy
+/// does not allow fails with EPERM while reads work; after SIGHUP reloads a policy that allows
+/// this uid nothing, NBD_OPT_GO is refused with NBD_REP_ERR_POLICY; a malformed file sent by
+/// SIGHUP is refused and the old policy stays; the audit log has every connection, denial and
+/// reload as JSON lines.
+#[test]
+fn a_policy_decides_what_real_clients_may_do_and_reloads_on_sighup() {
+    let test = "a_policy_decides_what_real_clients_may_do_and_reloads_on_sighup";
+    if !have("qemu-io") || !have("nbdinfo") {
+        skip(test, "qemu-io or nbdinfo missing");
+        return;
+    }
+    let dir = temp_dir("policy");
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let policy = dir.join("policy.toml");
+    let allow = |principal: &str, actions: &str| {
+        format!(
+            "[[statement]]\nsid = \"s\"\neffect = \"allow\"\nprincipals = [\"{principal}\"]\n\
+             actions = [{actions}]\nexports = [\"*\"]\n"
+        )
+    };
+    std::fs::write(
+        &policy,
+        allow(&format!("uid:{uid}"), "\"read\", \"list\", \"flush\""),
+    )
+    .unwrap();
+    let audit = dir.join("audit.jsonl");
+    let server = Server::start_with(
+        "policy",
+        64 << 20,
+        &[
+            "--set",
+            "flash.blocks_per_die=32",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            audit.to_str().unwrap(),
+        ],
+    );
+    let qemu_io = |command: &str| {
+        let out = Command::new("qemu-io")
+            .args(["-f", "raw", "-c", command, &server.uri()])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let written = qemu_io("write 0 4k");
+    assert!(written.contains("Operation not permitted"), "{written}");
+    assert!(qemu_io("read 0 4k").contains("read 4096/4096"));
+    let listed = run(Command::new("nbdinfo").arg("--list").arg(server.uri()));
+    assert!(listed.contains("ftlab"), "{listed}");
+    let events = |kind: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+            .filter(|e| e["event"] == kind)
+            .collect()
+    };
+    let sighup_until = |kind: &str| {
+        let before = events(kind).len();
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(server.child.id() as i32, libc::SIGHUP);
+        }
+        for _ in 0..500 {
+            if events(kind).len() > before {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("no {kind} event after SIGHUP");
+    };
+    // This uid may now do nothing: the export is refused at NBD_OPT_GO.
+    std::fs::write(&policy, allow(&format!("uid:{}", uid + 1), "\"*\"")).unwrap();
+    sighup_until("policy_reload");
+    let refused = Command::new("nbdinfo")
+        .arg("--size")
+        .arg(server.uri())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("policy"),
+        "{refused:?}"
+    );
+    // A malformed file is refused; the old policy stays in force.
+    std::fs::write(&policy, "[[statement]]\neffect = \"permit\"\n").unwrap();
+    sighup_until("policy_refused");
+    assert!(!Command::new("nbdinfo")
+        .arg("--size")
+        .arg(server.uri())
+        .status()
+        .unwrap()
+        .success());
+    std::fs::write(&policy, allow("*", "\"*\"")).unwrap();
+    sighup_until("policy_reload");
+    assert!(qemu_io("write 0 4k").contains("wrote 4096/4096"));
+    let summary = server.stop();
+    assert!(summary.contains("host write pages 1"), "{summary}");
+
+    let connects = events("connect");
+    assert!(connects.len() >= 6, "{connects:?}");
+    assert!(connects.iter().all(|c| c["principal"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("uid:{uid}"))));
+    let denied = events("denied");
+    assert!(
+        denied.iter().any(|d| d["action"] == "write"
+            && d["export"] == "ftlab"
+            && d["reason"].as_str().unwrap().contains("default deny")),
+        "{denied:?}"
+    );
+    assert!(events("policy_refused")[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("policy.toml:2:"));
+}
