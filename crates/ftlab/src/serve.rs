@@ -607,7 +607,9 @@ fn reload_policy(device: &Device, path: &Path) {
 
 /// A Unix socket client's principal: its uid and gid (SO_PEERCRED, as the kernel saw them when
 /// it connected); anonymous when the kernel does not say.
-fn unix_principal(stream: &std::os::unix::net::UnixStream) -> ftlab_server::policy::Principal {
+pub(crate) fn unix_principal(
+    stream: &std::os::unix::net::UnixStream,
+) -> ftlab_server::policy::Principal {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,

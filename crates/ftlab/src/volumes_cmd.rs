@@ -116,9 +116,30 @@ impl Control {
     }
 }
 
-/// Executes a control request on the served device; the reply's JSON.
-fn execute(device: &Device, c: &Control) -> serde_json::Value {
+/// Executes a control request on the served device for `principal`, as the access policy
+/// allows (snapshot actions are audited whether they succeed or not); the reply's JSON.
+fn execute(
+    device: &Device,
+    principal: &ftlab_server::policy::Principal,
+    c: &Control,
+) -> serde_json::Value {
     let started = Instant::now();
+    let (action, name) = match c {
+        Control::Create { name, clone, .. } => (
+            if *clone { "clone" } else { "snapshot.create" },
+            name.as_str(),
+        ),
+        Control::Delete { name } => ("snapshot.delete", name.as_str()),
+        Control::List => ("list", ""),
+    };
+    if !matches!(c, Control::List)
+        && !device.allows(principal, action, &device.volume_export_name(name))
+    {
+        return serde_json::json!({
+            "ok": false,
+            "error": format!("the access policy does not allow {} to {action} `{name}`", principal.describe()),
+        });
+    }
     let result = match c {
         Control::Create { name, clone, from } => device
             .create_volume(from.as_deref(), name, *clone)
@@ -126,6 +147,19 @@ fn execute(device: &Device, c: &Control) -> serde_json::Value {
         Control::Delete { name } => device.delete_volume(name),
         Control::List => Ok(()),
     };
+    if !matches!(c, Control::List) {
+        device.audit(
+            "volume",
+            serde_json::json!({
+                "action": action,
+                "name": name,
+                "request": c.line(),
+                "principal": principal.describe(),
+                "ok": result.is_ok(),
+                "error": result.as_ref().err(),
+            }),
+        );
+    }
     match result {
         Ok(()) => serde_json::json!({
             "ok": true,
@@ -185,9 +219,10 @@ fn answer(device: &Device, stream: UnixStream) -> Result<()> {
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_CONTROL_LINE_BYTES)).read_line(&mut line)?;
+    let principal = crate::serve::unix_principal(&stream);
     let reply = match Control::parse(line.trim_end()) {
         Ok(c) => {
-            let reply = execute(device, &c);
+            let reply = execute(device, &principal, &c);
             if reply["ok"] == true && !matches!(c, Control::List) {
                 eprintln!("ftlab serve: control: {}", c.line());
             }

@@ -1397,6 +1397,12 @@ impl Device {
         bits
     }
 
+    /// The name a policy decides snapshot actions on: the first export's `NAME@VOLUME` (a
+    /// snapshot or clone is of the whole device, served on every export).
+    pub fn volume_export_name(&self, volume: &str) -> String {
+        format!("{}@{volume}", self.exports[0].spec.name)
+    }
+
     /// The name a policy knows an export by: `NAME`, or `NAME@VOLUME` for a snapshot or clone
     /// (the default export's name when the client asked for "").
     fn target_name(&self, target: Target) -> String {

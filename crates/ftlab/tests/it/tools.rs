@@ -1145,3 +1145,81 @@ fn a_policy_decides_what_real_clients_may_do_and_reloads_on_sighup() {
         .unwrap()
         .contains("policy.toml:2:"));
 }
+
+/// Snapshot actions through a durable server's control socket obey the policy and are audited:
+/// a snapshot this uid may create is made; deleting it and cloning, which the policy denies,
+/// are refused naming the policy, and the device keeps the snapshot.
+#[test]
+fn snapshot_actions_obey_the_policy_and_are_audited() {
+    let dir = temp_dir("policy-volumes");
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[statement]]\neffect = \"allow\"\nprincipals = [\"uid:{uid}\"]\nactions = [\"*\"]\nexports = [\"*\"]\n\n\
+             [[statement]]\nsid = \"keep-snapshots\"\neffect = \"deny\"\nprincipals = [\"*\"]\n\
+             actions = [\"snapshot.delete\", \"clone\"]\nexports = [\"ftlab@*\"]\n"
+        ),
+    )
+    .unwrap();
+    let data = dir.join("data");
+    let audit = dir.join("audit.jsonl");
+    let data_arg = data.to_str().unwrap().to_string();
+    let server = Server::start_with(
+        "policy-volumes",
+        32 << 20,
+        &[
+            "--data",
+            &data_arg,
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            audit.to_str().unwrap(),
+        ],
+    );
+    let ftlab = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, made) = ftlab(&["snapshot", "create", &data_arg, "monday"]);
+    assert!(ok && made.contains("through the server"), "{made}");
+    let (ok, deleted) = ftlab(&["snapshot", "delete", &data_arg, "monday"]);
+    assert!(!ok && deleted.contains("access policy"), "{deleted}");
+    let (ok, cloned) = ftlab(&["snapshot", "create", &data_arg, "tuesday", "--clone"]);
+    assert!(!ok && cloned.contains("access policy"), "{cloned}");
+    let (_, listed) = ftlab(&["snapshot", "list", &data_arg]);
+    assert!(
+        listed.contains("monday") && !listed.contains("tuesday"),
+        "{listed}"
+    );
+    drop(server.stop());
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(events.iter().any(|e| e["event"] == "volume"
+        && e["action"] == "snapshot.create"
+        && e["name"] == "monday"
+        && e["ok"] == true));
+    for action in ["snapshot.delete", "clone"] {
+        assert!(
+            events.iter().any(|e| e["event"] == "denied"
+                && e["action"] == action
+                && e["reason"].as_str().unwrap().contains("keep-snapshots")),
+            "{action}: {events:?}"
+        );
+    }
+}
