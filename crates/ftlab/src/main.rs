@@ -72,7 +72,7 @@ enum Command {
     /// lossless read-back.
     Mapbench(mapbench_cmd::MapbenchArgs),
     /// Serve the emulated SSD over NBD (fio, qemu, nbdfuse + ext4 ...), FTL model in the loop.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Verify a durable device's directory (`serve --data DIR`) offline: every record's
     /// checksum and sequence, every segment present; exit 1 when acknowledged data is damaged.
     /// A durable device's snapshots and clones: create, list, delete (through the running
@@ -488,7 +488,7 @@ fn main() {
         Command::Experiment(args) => experiment::run(args),
         Command::Sweep(args) => sweep_cmd::run(args),
         Command::Mapbench(args) => mapbench_cmd::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Check { dir, repair } => check(&dir, repair),
         Command::Snapshot { command } => volumes_cmd::run_snapshot(command),
         Command::Image { command } => volumes_cmd::run_image(command),

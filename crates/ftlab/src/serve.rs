@@ -86,6 +86,12 @@ pub struct ServeArgs {
     /// every denied decision with the statement that decided it, every policy reload.
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9100, `GET
+    /// /metrics`): WAF, flash programs by cause, GC, per-command latency histograms, the page
+    /// store's mm_stat, connections, denied decisions. With --policy, only if it allows
+    /// `anonymous` the action `metrics` (HTTP clients are anonymous).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// With --data: when the log is synced (fdatasync) before answering: flush (FLUSH and FUA
     /// writes; concurrent flushes share one sync), always (every write and trim too), never.
     #[arg(long, default_value = "flush", value_parser = ftlab_server::Durability::parse)]
@@ -328,6 +334,22 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // cleanly, its image saved); the loops below poll it. With a policy, SIGHUP reloads it.
     let stop = Arc::new(AtomicBool::new(false));
     let reload = Arc::new(AtomicBool::new(false));
+    let open_connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    if let Some(addr) = &args.metrics {
+        let listener = TcpListener::bind(addr)
+            .with_context(|| format!("listening for --metrics on {addr}"))?;
+        listener.set_nonblocking(true)?;
+        eprintln!(
+            "ftlab serve: metrics on http://{}/metrics",
+            listener.local_addr()?
+        );
+        spawn_metrics(
+            listener,
+            device.clone(),
+            open_connections.clone(),
+            stop.clone(),
+        );
+    }
     for signal in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -450,6 +472,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         let mut idle = true;
         connections.retain(|c| !c.thread.is_finished());
+        open_connections.store(connections.len(), Ordering::Relaxed);
         if let Some((stream, peer)) = tcp.as_ref().and_then(|l| l.accept().ok()) {
             idle = false;
             admit(
@@ -566,10 +589,7 @@ fn admit<S: Socket>(
     principal: ftlab_server::policy::Principal,
     stream: S,
 ) {
-    device.audit(
-        "connect",
-        serde_json::json!({"principal": principal.describe(), "address": who, "tls": false}),
-    );
+    device.connected(&principal, &who);
     if connections.len() >= max as usize {
         eprintln!("ftlab serve: {who}: refused: {max} connections already (--max-connections)");
         return;
@@ -578,6 +598,58 @@ fn admit<S: Socket>(
         Ok(c) => connections.push(c),
         Err(e) => eprintln!("ftlab serve: {who}: refused: {e}"),
     }
+}
+
+/// Answers `GET /metrics` on `listener` until `stop`: one request a connection, its head at
+/// most 8 KiB and 5 s (a hand-written HTTP/1.1 responder: one fixed GET needs no HTTP crate).
+fn spawn_metrics(
+    listener: TcpListener,
+    device: Arc<Device>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<AtomicBool>,
+) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            let Ok((stream, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+            let mut reader = BufReader::new((&stream).take(8 << 10));
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            // The rest of the head, read and ignored.
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("");
+            let anonymous = ftlab_server::policy::Principal::anonymous();
+            let (status, body) = if !request.starts_with("GET ") {
+                ("405 Method Not Allowed", "GET /metrics\n".to_string())
+            } else if path != "/metrics" && path != "/" {
+                ("404 Not Found", "GET /metrics\n".to_string())
+            } else if !device.allows(&anonymous, "metrics", "-") {
+                (
+                    "403 Forbidden",
+                    "the access policy does not allow metrics\n".to_string(),
+                )
+            } else {
+                ("200 OK", device.metrics(open.load(Ordering::Relaxed)))
+            };
+            let _ = write!(
+                &stream,
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
 }
 
 /// Checks the policy file again and puts it in force, or says why not and keeps the old one.

@@ -10,6 +10,7 @@
 pub mod budget;
 pub mod dictionary;
 pub mod incoming;
+pub mod metrics;
 pub mod policy;
 pub mod protocol;
 
@@ -367,6 +368,9 @@ pub struct Device {
     policy: std::sync::RwLock<Option<std::sync::Arc<policy::Policy>>>,
     /// The audit log (`set_audit`): a JSON line per connection, denial and volume action.
     audit: Mutex<Option<std::fs::File>>,
+    /// Connections admitted (`connected`) and decisions denied, for the metrics.
+    connections_total: AtomicU64,
+    denied_total: AtomicU64,
     /// Set when executing a request panicked (a bug in ftlab): what panicked, where. From then
     /// on every request read is answered EIO, as a drive whose firmware asserted stays failed,
     /// rather than executed on state the panic may have left half-updated (requests already
@@ -612,6 +616,8 @@ impl Device {
             failure: OnceLock::new(),
             policy: std::sync::RwLock::new(None),
             audit: Mutex::new(None),
+            connections_total: AtomicU64::new(0),
+            denied_total: AtomicU64::new(0),
             panic_next_request: AtomicBool::new(false),
             client_latency: Mutex::new(OpHistograms::default()),
             config: config.clone(),
@@ -1320,6 +1326,33 @@ impl Device {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = policy.map(std::sync::Arc::new);
     }
 
+    /// Counts a connection admitted (for the metrics) and audits it.
+    pub fn connected(&self, principal: &policy::Principal, address: &str) {
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+        self.audit(
+            "connect",
+            serde_json::json!({"principal": principal.describe(), "address": address, "tls": false}),
+        );
+    }
+
+    /// The Prometheus text exposition of the device (`metrics`), `open` connections served now.
+    pub fn metrics(&self, open: usize) -> String {
+        let latency = self
+            .client_latency
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        metrics::exposition(
+            &self.stats_json(),
+            &latency,
+            metrics::Counts {
+                connections_total: self.connections_total.load(Ordering::Relaxed),
+                connections_open: open as u64,
+                denied_total: self.denied_total.load(Ordering::Relaxed),
+            },
+        )
+    }
+
     /// Appends the audit log's lines to `file` from now on.
     pub fn set_audit(&self, file: std::fs::File) {
         *self.audit.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
@@ -1362,6 +1395,7 @@ impl Device {
         };
         let d = policy.decide(principal, action, export);
         if !d.allowed {
+            self.denied_total.fetch_add(1, Ordering::Relaxed);
             self.audit(
                 "denied",
                 serde_json::json!({

@@ -87,6 +87,19 @@ impl OpHistograms {
         h.saturating_record(latency_ns.max(ZERO_LATENCY_NS));
     }
 
+    /// For a Prometheus histogram of `op`: how many took at most each of `bounds_ns`
+    /// (cumulative), how many in all, and their sum in ns (from the histogram's mean).
+    pub fn buckets(&self, op: Op, bounds_ns: &[u64]) -> (Vec<u64>, u64, f64) {
+        let h = match op {
+            Op::Read => &self.read,
+            Op::Write => &self.write,
+            Op::Trim => &self.trim,
+            Op::Flush => &self.flush,
+        };
+        let counts = bounds_ns.iter().map(|&b| h.count_between(0, b)).collect();
+        (counts, h.len(), h.mean() * h.len() as f64)
+    }
+
     pub fn summaries(&self) -> OpLatencies {
         OpLatencies {
             read: summarize(&self.read),
