@@ -1319,8 +1319,6 @@ impl Device {
         self.clock_base_ns + self.started.elapsed().as_nanos() as u64
     }
 
-    /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
-    /// in one chunk anyway.
     /// Puts `policy` in force for connections made from now on (None: no policy).
     pub fn set_policy(&self, policy: Option<policy::Policy>) {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = policy.map(std::sync::Arc::new);
@@ -1458,6 +1456,8 @@ impl Device {
         format!("{export}@{volume}")
     }
 
+    /// With structured replies, DF ("don't fragment") is advertised: a read is always answered
+    /// in one chunk anyway.
     fn transmission_flags(&self, structured: bool, target: Target) -> u16 {
         let read_only = if self.options.read_only
             || self.exports[target.export].spec.read_only
