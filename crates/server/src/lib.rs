@@ -1324,6 +1324,14 @@ impl Device {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = policy.map(std::sync::Arc::new);
     }
 
+    /// The policy in force now (it may be replaced at any moment: a reload).
+    fn current_policy(&self) -> Option<std::sync::Arc<policy::Policy>> {
+        self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Counts a connection admitted (for the metrics) and audits it.
     pub fn connected(&self, principal: &policy::Principal, address: &str) {
         self.connections_total.fetch_add(1, Ordering::Relaxed);
@@ -1383,11 +1391,7 @@ impl Device {
     /// May `principal` do `action` on `export`? Yes for everyone without a policy; a denial is
     /// written to the audit log with the statement (or default) that decided it.
     pub fn allows(&self, principal: &policy::Principal, action: &str, export: &str) -> bool {
-        let policy = self
-            .policy
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let policy = self.current_policy();
         let Some(policy) = policy else {
             return true;
         };
@@ -1410,11 +1414,7 @@ impl Device {
     /// The `policy::IO_*` bits `principal` is allowed on `target`, decided once at
     /// negotiation (a denial is audited when a command meets it, or when none is allowed).
     fn io_allowed(&self, principal: &policy::Principal, target: Target) -> u8 {
-        let policy = self
-            .policy
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let policy = self.current_policy();
         let Some(policy) = policy else {
             return policy::IO_ALL;
         };
