@@ -17,7 +17,7 @@ fn device() -> &'static Device {
         }
         Device::new(
             &b.build().unwrap(),
-            DeviceOptions { export_name: "ftlab".into(), exports: Vec::new(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_server::RecordFormat::Nbdkit, mem_limit_bytes: None, limits: Default::default(), read_only: false, data: None, durability: Default::default(), checkpoint_every_bytes: 256 << 20, cache_bytes: 1 << 20, cache_policy: Default::default() },
+            DeviceOptions { export_name: "ftlab".into(), exports: Vec::new(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_server::RecordFormat::Nbdkit, mem_limit_bytes: None, limits: Default::default(), read_only: false, data: None, durability: Default::default(), checkpoint_every_bytes: 256 << 20, cache_bytes: 1 << 20, cache_policy: Default::default(), tls: None },
         )
         .unwrap()
     })

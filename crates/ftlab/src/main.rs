@@ -22,6 +22,7 @@ mod output;
 mod plot;
 mod serve;
 mod sweep_cmd;
+mod tls_certs;
 mod volumes_cmd;
 
 #[derive(Parser)]
@@ -102,6 +103,13 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Write a test certificate authority, a server certificate and client certificates for
+    /// `serve --tls-cert/--tls-key/--tls-ca`, laid out as qemu and libnbd read them.
+    #[command(after_help = "Example:\n  \
+ftlab tls-certs pki --client alice --client bob\n  \
+ftlab serve --tls-cert pki/server-cert.pem --tls-key pki/server-key.pem --tls-ca pki/ca-cert.pem\n  \
+nbdinfo 'nbds://localhost/ftlab?tls-certificates=pki/client-alice'")]
+    TlsCerts(tls_certs::TlsCertsArgs),
     /// List the built-in presets.
     Presets,
     /// Print the fully resolved configuration as TOML (a starting point for --config files).
@@ -501,6 +509,7 @@ fn main() {
                     export,
                 },
         } => policy_check(&file, principals, &action, &export),
+        Command::TlsCerts(args) => tls_certs::run(args),
         Command::Presets => {
             for p in PRESETS {
                 println!("{:<20} {}", p.name, p.summary);

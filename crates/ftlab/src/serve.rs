@@ -82,6 +82,22 @@ pub struct ServeArgs {
     /// force) for the connections made after it, instead of stopping the server.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
+    /// NBD over TLS (NBD_OPT_STARTTLS, as qemu-nbd and nbdkit): require (every option but
+    /// STARTTLS is refused with NBD_REP_ERR_TLS_REQD until TLS is on), allow (the client
+    /// chooses) or off. Default: require with --tls-cert, off without.
+    #[arg(long, value_name = "MODE", value_parser = |s: &str| s.parse::<ftlab_server::tls::TlsMode>())]
+    tls: Option<ftlab_server::tls::TlsMode>,
+    /// The server's certificate chain (PEM) for TLS; with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Ask every TLS client for a certificate signed by this authority (PEM) and refuse those
+    /// without one; the certificate's subject CN and alternative names become the client's
+    /// principal (`cn:NAME`, `san:NAME`) for --policy.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
     /// Append an audit log here, a JSON line per event: every connection (principal, address),
     /// every denied decision with the statement that decided it, every policy reload.
     #[arg(long, value_name = "FILE")]
@@ -292,6 +308,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             checkpoint_every_bytes: args.checkpoint_every,
             cache_bytes: args.cache,
             cache_policy: args.cache_policy,
+            tls: tls_setup(&args)?,
         },
     )?);
     if let Some(summary) = device.recovery_summary() {
@@ -652,6 +669,37 @@ fn spawn_metrics(
     });
 }
 
+/// The TLS identity of --tls-cert/--tls-key/--tls-ca, in --tls's mode; None when TLS is off.
+fn tls_setup(args: &ServeArgs) -> anyhow::Result<Option<Arc<ftlab_server::tls::TlsSetup>>> {
+    use ftlab_server::tls::{TlsMode, TlsSetup};
+    let mode = args.tls.unwrap_or(if args.tls_cert.is_some() {
+        TlsMode::Require
+    } else {
+        TlsMode::Off
+    });
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        anyhow::ensure!(
+            mode == TlsMode::Off,
+            "--tls {}: needs --tls-cert and --tls-key",
+            if mode == TlsMode::Require {
+                "require"
+            } else {
+                "allow"
+            }
+        );
+        return Ok(None);
+    };
+    if mode == TlsMode::Off {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(TlsSetup::load(
+        mode,
+        cert,
+        key,
+        args.tls_ca.as_deref(),
+    )?)))
+}
+
 /// Checks the policy file again and puts it in force, or says why not and keeps the old one.
 fn reload_policy(device: &Device, path: &Path) {
     match ftlab_server::policy::Policy::load(path) {
@@ -725,8 +773,12 @@ impl Connection {
         stream.configure()?;
         let (reader, shut) = (stream.try_clone_socket()?, stream.try_clone_socket()?);
         let device = device.clone();
+        let peer = ftlab_server::Peer {
+            principal,
+            address: name.clone(),
+        };
         let thread = std::thread::spawn(move || {
-            if let Err(e) = serve_connection_as(&device, &principal, reader, stream) {
+            if let Err(e) = serve_connection_as(&device, &peer, reader, stream) {
                 eprintln!("ftlab serve: {name}: closed: {e}");
             }
         });

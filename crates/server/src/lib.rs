@@ -13,6 +13,7 @@ pub mod incoming;
 pub mod metrics;
 pub mod policy;
 pub mod protocol;
+pub mod tls;
 
 use ftlab_core::config::Config;
 pub use ftlab_core::request::Placement;
@@ -85,6 +86,8 @@ pub struct DeviceOptions {
     /// With `data`: the cache of decompressed pages in front of snapshot and clone reads.
     pub cache_bytes: u64,
     pub cache_policy: ftlab_store::cache::CachePolicy,
+    /// NBD over TLS (`NBD_OPT_STARTTLS`); None: no TLS (STARTTLS refused).
+    pub tls: Option<std::sync::Arc<tls::TlsSetup>>,
 }
 
 /// When the device log is made durable (`fdatasync`), with `data`.
@@ -1869,6 +1872,11 @@ pub enum ConnectionError {
     UnknownExport(String),
     #[error("the access policy allows this client nothing on `{0}`")]
     Denied(String),
+    /// NBD_OPT_EXPORT_NAME before STARTTLS under `--tls require` (it has no error reply).
+    #[error("export `{0}` asked for before TLS, which this server requires")]
+    TlsRequired(String),
+    #[error("TLS handshake: {0}")]
+    Tls(String),
     #[error("write of {0} bytes (at most {max}): cannot stay in sync", max = p::MAX_REQUEST_BYTES)]
     WriteTooLong(u32),
     #[error(
@@ -1941,30 +1949,44 @@ pub fn serve_connection<R: Incoming + Send, W: Write + Send>(
     reader: R,
     writer: W,
 ) -> Result<(), ConnectionError> {
-    serve_connection_as(device, &policy::Principal::anonymous(), reader, writer)
+    let peer = Peer {
+        principal: policy::Principal::anonymous(),
+        address: String::new(),
+    };
+    serve_connection_as(device, &peer, reader, writer)
 }
 
-/// [`serve_connection`] for a client known as `principal` (its Unix credentials, its TLS
-/// certificate's names): what the access policy decides by.
+/// Who is at the other end of a connection, as its listener saw it.
+pub struct Peer {
+    /// Its Unix credentials (a Unix socket) or anonymous (TCP); the names of its TLS
+    /// certificate are added if it starts TLS. What the access policy decides by.
+    pub principal: policy::Principal,
+    /// Its address, for the audit log.
+    pub address: String,
+}
+
+/// [`serve_connection`] for a client known as `peer`.
 pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
     device: &Device,
-    principal: &policy::Principal,
+    peer: &Peer,
     reader: R,
     writer: W,
 ) -> Result<(), ConnectionError> {
     let limits = device.options.limits;
+    // Both halves see the TLS session once STARTTLS has made one.
+    let slot = tls::Slot::default();
     // Every read of the handshake waits at most until its deadline: a client that connects and
     // sends nothing, or half an option, holds a thread only that long.
     let mut r = BufReader::with_capacity(
         256 << 10,
         Deadlined {
-            inner: reader,
+            inner: tls::TlsReader::new(reader, slot.clone()),
             deadline: Some(Instant::now() + limits.handshake_timeout),
         },
     );
-    let mut w = BufWriter::with_capacity(256 << 10, writer);
+    let mut w = BufWriter::with_capacity(256 << 10, tls::TlsWriter::new(writer, slot));
     let share = budget::ConnectionShare::default();
-    let handshake = handshake(device, principal, &mut r, &mut w).map_err(|e| {
+    let handshake = handshake(device, peer, &mut r, &mut w).map_err(|e| {
         if r.get_ref().deadline.is_some_and(|d| Instant::now() >= d) {
             ConnectionError::HandshakeDeadline {
                 seconds: limits.handshake_timeout.as_secs_f64(),
@@ -1974,9 +1996,11 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
             e
         }
     })?;
-    let Some(negotiated) = handshake else {
+    let Some((negotiated, principal)) = handshake else {
+        tls::close(w.get_mut());
         return Ok(());
     };
+    let principal = &principal;
     // Transmission: no deadline, and reads wait for ever or for the idle timeout (set once
     // here: a system call per read would cost the hot path).
     r.get_mut().deadline = None;
@@ -1989,7 +2013,7 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
     if device.options.latency == Latency::None {
         // The writer and the replies in it not yet flushed (their clients still wait).
         let w = Mutex::new((w, Vec::new()));
-        transmission(
+        let result = transmission(
             device,
             &share,
             principal,
@@ -2010,7 +2034,14 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
                 }
                 Ok(())
             },
-        )
+        );
+        if result.is_ok() {
+            let (mut w, _) = w.into_inner().unwrap_or_else(|p| p.into_inner());
+            if w.flush().is_ok() {
+                tls::close(w.get_mut());
+            }
+        }
+        result
     } else {
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<Due>();
@@ -2036,20 +2067,30 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
             drop(tx);
             let written = writer
                 .join()
-                .unwrap_or(Err(ConnectionError::ReplyWriter("panicked")));
+                .unwrap_or(Err(ConnectionError::ReplyWriter("panicked")))
+                .map(|mut w| tls::close(w.get_mut()));
             result.and(written)
         })
     }
 }
 
-/// The handshake, from the greeting to the option that starts transmission: what was negotiated,
-/// or None when the client ended it in order (`NBD_OPT_ABORT`).
-fn handshake<R: Read, W: Write>(
+/// The handshake, from the greeting to the option that starts transmission: what was negotiated
+/// and the client's principal (its TLS certificate's names added), or None when the client
+/// ended it in order (`NBD_OPT_ABORT`).
+fn handshake<R: Incoming, W: Write>(
     device: &Device,
-    principal: &policy::Principal,
-    r: &mut BufReader<R>,
-    w: &mut BufWriter<W>,
-) -> Result<Option<Negotiated>, ConnectionError> {
+    peer: &Peer,
+    r: &mut BufReader<Deadlined<tls::TlsReader<R>>>,
+    w: &mut BufWriter<tls::TlsWriter<W>>,
+) -> Result<Option<(Negotiated, policy::Principal)>, ConnectionError> {
+    let mut principal = peer.principal.clone();
+    let principal = &mut principal;
+    let tls_mode = device
+        .options
+        .tls
+        .as_ref()
+        .map_or(tls::TlsMode::Off, |t| t.mode);
+    let mut tls_on = false;
     send(w, &p::greeting())?;
     w.flush().map_err(write_error)?;
     let mut flags = [0u8; 4];
@@ -2078,7 +2119,85 @@ fn handshake<R: Read, W: Write>(
         }
         let mut data = vec![0u8; header.length as usize];
         read_exact(r, &mut data, "option data")?;
+        // FORCEDTLS: before TLS, only STARTTLS and ABORT are answered.
+        if tls_mode == tls::TlsMode::Require
+            && !tls_on
+            && header.option != p::OPT_STARTTLS
+            && header.option != p::OPT_ABORT
+        {
+            if header.option == p::OPT_EXPORT_NAME {
+                return Err(ConnectionError::TlsRequired(
+                    String::from_utf8_lossy(&data).into_owned(),
+                ));
+            }
+            send(
+                w,
+                &p::option_reply(
+                    header.option,
+                    p::REP_ERR_TLS_REQD,
+                    b"this server requires TLS: start it with NBD_OPT_STARTTLS",
+                ),
+            )?;
+            w.flush().map_err(write_error)?;
+            continue;
+        }
         match header.option {
+            p::OPT_STARTTLS => {
+                let refusal: Option<(u32, &[u8])> = match &device.options.tls {
+                    None => Some((
+                        p::REP_ERR_POLICY,
+                        b"TLS is not configured on this server (ftlab serve --tls-cert)",
+                    )),
+                    Some(t) if t.mode == tls::TlsMode::Off => Some((
+                        p::REP_ERR_POLICY,
+                        b"TLS is switched off on this server (--tls off)",
+                    )),
+                    Some(_) if tls_on => Some((p::REP_ERR_INVALID, b"TLS is on already")),
+                    Some(_) if !data.is_empty() => {
+                        Some((p::REP_ERR_INVALID, b"STARTTLS takes no data"))
+                    }
+                    Some(_) => None,
+                };
+                if let Some((error, message)) = refusal {
+                    send(w, &p::option_reply(header.option, error, message))?;
+                } else {
+                    let setup = device.options.tls.as_ref().expect("checked above");
+                    send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
+                    w.flush().map_err(write_error)?;
+                    // A client should wait for the ACK, but what it sent on is TLS already.
+                    let early = r.buffer().to_vec();
+                    std::io::BufRead::consume(r, early.len());
+                    let slot = r.get_ref().inner.slot.clone();
+                    let raw_w = &mut w.get_mut().inner;
+                    match tls::start(setup, &slot, &early, r.get_mut(), raw_w) {
+                        Ok(established) => {
+                            tls_on = true;
+                            principal.names.extend(established.names);
+                            device.audit(
+                                "tls",
+                                serde_json::json!({
+                                    "principal": principal.describe(),
+                                    "address": peer.address,
+                                    "version": established.version,
+                                    "cipher": established.cipher,
+                                }),
+                            );
+                        }
+                        Err(why) => {
+                            device.audit(
+                                "tls_refused",
+                                serde_json::json!({
+                                    "principal": principal.describe(),
+                                    "address": peer.address,
+                                    "reason": why,
+                                }),
+                            );
+                            return Err(ConnectionError::Tls(why));
+                        }
+                    }
+                    continue;
+                }
+            }
             p::OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
                 let Some(named) = device.export_named(&name) else {
@@ -2101,8 +2220,10 @@ fn handshake<R: Read, W: Write>(
                 break;
             }
             p::OPT_ABORT => {
-                send(w, &p::option_reply(header.option, p::REP_ACK, &[]))?;
-                w.flush().map_err(write_error)?;
+                // The spec lets the client close without waiting for this ACK: a failed send
+                // is no error.
+                let _ = send(w, &p::option_reply(header.option, p::REP_ACK, &[]));
+                let _ = w.flush();
                 return Ok(None);
             }
             p::OPT_LIST => {
@@ -2260,12 +2381,15 @@ fn handshake<R: Read, W: Write>(
         w.flush().map_err(write_error)?;
     }
     w.flush().map_err(write_error)?;
-    Ok(Some(Negotiated {
-        export,
-        io_allowed,
-        structured,
-        allocation,
-    }))
+    Ok(Some((
+        Negotiated {
+            export,
+            io_allowed,
+            structured,
+            allocation,
+        },
+        principal.clone(),
+    )))
 }
 
 /// A connection's read side whose every read waits at most until `deadline`, while one is set
@@ -2658,7 +2782,7 @@ fn deliver_when_due<W: Write>(
     device: &Device,
     rx: std::sync::mpsc::Receiver<Due<'_>>,
     mut w: BufWriter<W>,
-) -> Result<(), ConnectionError> {
+) -> Result<BufWriter<W>, ConnectionError> {
     use std::cmp::Reverse;
     use std::sync::mpsc::RecvTimeoutError;
     let mut due: std::collections::BinaryHeap<Reverse<Due>> = std::collections::BinaryHeap::new();
@@ -2682,7 +2806,7 @@ fn deliver_when_due<W: Write>(
             .map(|Reverse(d)| d.at.saturating_duration_since(now));
         if !open {
             match next {
-                None => return Ok(()),
+                None => return Ok(w),
                 Some(wait) => {
                     std::thread::sleep(wait);
                     continue;

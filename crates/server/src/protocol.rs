@@ -17,6 +17,7 @@ pub const CLIENT_NO_ZEROES: u32 = 2;
 pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
@@ -36,6 +37,8 @@ pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+/// The server will not go on before TLS is started (FORCEDTLS).
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// The server's policy does not allow it (the NBD spec's NBD_REP_ERR_POLICY).
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 

@@ -67,6 +67,7 @@ fn options() -> DeviceOptions {
         checkpoint_every_bytes: 256 << 20,
         cache_bytes: 1 << 20,
         cache_policy: Default::default(),
+        tls: None,
     }
 }
 
