@@ -49,7 +49,10 @@ pub fn run(args: TlsCertsArgs) -> Result<()> {
     // A name of its own, so that a certificate of another run's CA is told apart by name.
     ca.distinguished_name.push(
         DnType::CommonName,
-        format!("ftlab test CA {}", now.unix_timestamp()),
+        format!(
+            "ftlab test CA {}",
+            hex(&ca_key.public_key_raw()[ca_key.public_key_raw().len() - 6..])
+        ),
     );
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![
@@ -127,6 +130,10 @@ fn time_now() -> time::OffsetDateTime {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
     time::OffsetDateTime::from_unix_timestamp(secs - 60).unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn time_days(days: u32) -> time::Duration {

@@ -96,7 +96,7 @@ struct Client {
     last_error_message: String,
 }
 
-fn option(s: &mut UnixStream, option: u32, data: &[u8]) {
+fn option(s: &mut impl Write, option: u32, data: &[u8]) {
     let mut m = p::IHAVEOPT.to_be_bytes().to_vec();
     m.extend_from_slice(&option.to_be_bytes());
     m.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -105,7 +105,7 @@ fn option(s: &mut UnixStream, option: u32, data: &[u8]) {
 }
 
 /// (reply type, data) of one option reply.
-fn option_reply(s: &mut UnixStream) -> (u32, Vec<u8>) {
+fn option_reply(s: &mut impl Read) -> (u32, Vec<u8>) {
     let mut h = [0u8; 20];
     s.read_exact(&mut h).unwrap();
     assert_eq!(
@@ -1555,4 +1555,238 @@ fn list_exports(device: &Arc<Device>) -> Vec<String> {
     drop(s);
     let _ = h.join();
     names
+}
+
+/// A test PKI written by `ftlab tls-certs` (clients alice and bob), and a client certificate
+/// for alice signed by the same CA but expired a year ago (made here with rcgen).
+pub(crate) fn test_pki(dir: &std::path::Path) {
+    let (ok, _, err) = crate::support::ftlab(&[
+        "tls-certs",
+        dir.to_str().unwrap(),
+        "--client",
+        "alice",
+        "--client",
+        "bob",
+    ]);
+    assert!(ok, "{err}");
+    let ca_key =
+        rcgen::KeyPair::from_pem(&std::fs::read_to_string(dir.join("ca-key.pem")).unwrap())
+            .unwrap();
+    let ca = rcgen::CertificateParams::from_ca_cert_pem(
+        &std::fs::read_to_string(dir.join("ca-cert.pem")).unwrap(),
+    )
+    .unwrap()
+    .self_signed(&ca_key)
+    .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "alice");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    let expired = dir.join("client-expired");
+    std::fs::create_dir_all(&expired).unwrap();
+    std::fs::copy(dir.join("ca-cert.pem"), expired.join("ca-cert.pem")).unwrap();
+    std::fs::write(expired.join("client-cert.pem"), cert.pem()).unwrap();
+    std::fs::write(expired.join("client-key.pem"), key.serialize_pem()).unwrap();
+}
+
+/// A rustls client of the test PKI, presenting `client` (a folder of `test_pki`) or nothing.
+fn tls_client(pki: &std::path::Path, client: Option<&str>) -> rustls::ClientConnection {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(pki.join("ca-cert.pem")).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some(name) => {
+            let dir = pki.join(format!("client-{name}"));
+            builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_file(dir.join("client-cert.pem")).unwrap()],
+                    PrivateKeyDer::from_pem_file(dir.join("client-key.pem")).unwrap(),
+                )
+                .unwrap()
+        }
+    };
+    rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap()
+}
+
+fn tls_device(pki: &std::path::Path, mode: ftlab_server::tls::TlsMode) -> Arc<Device> {
+    let setup = ftlab_server::tls::TlsSetup::load(
+        mode,
+        &pki.join("server-cert.pem"),
+        &pki.join("server-key.pem"),
+        Some(&pki.join("ca-cert.pem")),
+    )
+    .unwrap();
+    let options = DeviceOptions {
+        tls: Some(Arc::new(setup)),
+        ..options()
+    };
+    Arc::new(Device::new(&small_config(), options).unwrap())
+}
+
+/// One simple-reply request over any stream: (error, data read).
+fn simple_request(
+    s: &mut (impl Read + Write),
+    command: u16,
+    offset: u64,
+    data: &[u8],
+    length: u32,
+) -> (u32, Vec<u8>) {
+    let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&command.to_be_bytes());
+    m.extend_from_slice(&7u64.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&length.to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m).unwrap();
+    s.flush().unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(h[..4].try_into().unwrap()),
+        p::SIMPLE_REPLY_MAGIC
+    );
+    let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+    let mut read = vec![
+        0u8;
+        if command == p::CMD_READ && error == 0 {
+            length as usize
+        } else {
+            0
+        }
+    ];
+    s.read_exact(&mut read).unwrap();
+    (error, read)
+}
+
+/// The NBD spec's TLS modes, at the byte level, with a TLS client written here: under
+/// `require` every option before STARTTLS but ABORT gets NBD_REP_ERR_TLS_REQD and
+/// EXPORT_NAME ends the connection; STARTTLS upgrades, a second one is invalid, and data written
+/// over TLS reads back; `allow` lets a client stay plain; a server without TLS refuses STARTTLS
+/// with NBD_REP_ERR_POLICY; a client certificate of no trusted CA, expired, or none at all,
+/// ends the handshake.
+#[test]
+fn starttls_follows_the_spec_in_every_mode() {
+    use ftlab_server::tls::TlsMode;
+    let dir = temp_dir("starttls");
+    test_pki(dir.path());
+    let pki = dir.path();
+    let device = tls_device(pki, TlsMode::Require);
+
+    // Before TLS: refused, but the connection goes on.
+    let (mut s, h) = connect(&device);
+    greet(&mut s);
+    for o in [p::OPT_GO, p::OPT_LIST, p::OPT_STRUCTURED_REPLY] {
+        let data = if o == p::OPT_GO {
+            go_data("ftlab")
+        } else {
+            Vec::new()
+        };
+        option(&mut s, o, &data);
+        assert_eq!(option_reply(&mut s).0, p::REP_ERR_TLS_REQD, "option {o}");
+    }
+    option(&mut s, p::OPT_STARTTLS, b"x");
+    assert_eq!(option_reply(&mut s).0, p::REP_ERR_INVALID);
+    option(&mut s, p::OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+    let mut tls = rustls::StreamOwned::new(tls_client(pki, Some("alice")), s);
+    option(&mut tls, p::OPT_STARTTLS, &[]);
+    tls.flush().unwrap();
+    assert_eq!(option_reply(&mut tls).0, p::REP_ERR_INVALID);
+    option(&mut tls, p::OPT_GO, &go_data("ftlab"));
+    tls.flush().unwrap();
+    while option_reply(&mut tls).0 != p::REP_ACK {}
+    let page: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(
+        simple_request(&mut tls, p::CMD_WRITE, 8192, &page, 4096).0,
+        0
+    );
+    assert_eq!(
+        simple_request(&mut tls, p::CMD_READ, 8192, &[], 4096),
+        (0, page.clone())
+    );
+    drop(tls);
+    h.join().unwrap().unwrap();
+
+    // EXPORT_NAME cannot be refused: the connection ends.
+    let (mut s, h) = connect(&device);
+    greet(&mut s);
+    option(&mut s, p::OPT_EXPORT_NAME, b"ftlab");
+    let end = h.join().unwrap().unwrap_err();
+    assert!(end.contains("requires"), "{end}");
+
+    // Refused client certificates: of another CA, expired, none.
+    let other = temp_dir("starttls-other");
+    let (ok, _, err) = crate::support::ftlab(&[
+        "tls-certs",
+        other.path().to_str().unwrap(),
+        "--client",
+        "alice",
+    ]);
+    assert!(ok, "{err}");
+    std::fs::copy(
+        pki.join("ca-cert.pem"),
+        other.path().join("client-alice/ca-cert.pem"),
+    )
+    .unwrap();
+    std::fs::copy(pki.join("ca-cert.pem"), other.path().join("ca-cert.pem")).unwrap();
+    let refusals: [(&std::path::Path, Option<&str>, &str); 3] = [
+        (other.path(), Some("alice"), "UnknownIssuer"),
+        (pki, Some("expired"), "expired"),
+        (pki, None, "no certificates"),
+    ];
+    for (dir, client, why) in refusals {
+        let (mut s, h) = connect(&device);
+        greet(&mut s);
+        option(&mut s, p::OPT_STARTTLS, &[]);
+        assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+        let mut tls = rustls::StreamOwned::new(tls_client(dir, client), s);
+        option(&mut tls, p::OPT_LIST, &[]);
+        assert!(
+            tls.flush().is_err() || {
+                let mut b = [0u8; 1];
+                tls.read(&mut b).is_err()
+            }
+        );
+        drop(tls);
+        let end = h.join().unwrap().unwrap_err();
+        assert!(end.contains(why), "{client:?}: {end}");
+    }
+
+    // allow: a client may stay plain.
+    let device = tls_device(pki, TlsMode::Allow);
+    let (s, h) = connect(&device);
+    let (mut client, _) = go(s, "ftlab");
+    assert_eq!(simple_request(&mut client.s, p::CMD_READ, 0, &[], 512).0, 0);
+    drop(client);
+    h.join().unwrap().unwrap();
+
+    // No TLS configured: STARTTLS is refused by policy, the connection goes on.
+    let (mut s, h) = connect(&device_with(Latency::None));
+    greet(&mut s);
+    option(&mut s, p::OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut s).0, p::REP_ERR_POLICY);
+    option(&mut s, p::OPT_ABORT, &[]);
+    assert_eq!(option_reply(&mut s).0, p::REP_ACK);
+    drop(s);
+    h.join().unwrap().unwrap();
 }
