@@ -16,8 +16,9 @@ pub struct BenchArgs {
     /// store) and serve (ftlab serve against nbdkit memory, with fio; nbdkit null beside them as
     /// the client's ceiling) separately; cache (a durable device's page cache, ARC against LRU,
     /// on zipf reads with and without scans); sweep (a 16-point grid on one thread and on two,
-    /// `--repeat` alternating rounds).
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache", "sweep"])]
+    /// `--repeat` alternating rounds); tls (ftlab serve's IOPS over NBD with TLS against
+    /// without, one server, fio alternating).
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache", "sweep", "tls"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -263,6 +264,9 @@ fn fdp(args: &BenchArgs) -> Result<()> {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.which == "serve" {
         return crate::bench_serve::run(machine(), args.seconds, args.repeat);
+    }
+    if args.which == "tls" {
+        return crate::bench_serve::run_tls(machine(), args.seconds, args.repeat);
     }
     if args.which == "sweep" {
         return crate::bench_sweep::run(machine(), args.repeat, &args.work_dir);

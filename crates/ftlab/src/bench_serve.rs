@@ -164,3 +164,85 @@ fn run_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<()> 
     }
     Ok(())
 }
+
+/// `ftlab bench tls`: one `ftlab serve --tls allow` (FTL on, `--latency none`), fio's NBD engine
+/// connecting in plain and over TLS by turns, so both see the same device and the same drift
+/// of the machine. The server has no `--tls-ca` (fio's libnbd may not read certificate files)
+/// and the client skips checking the server's certificate: the cost measured is the session's
+/// encryption, which checking does not change after the handshake.
+pub fn run_tls(machine: String, seconds: u32, repeat: u32) -> Result<()> {
+    anyhow::ensure!(
+        seconds >= 1 && repeat >= 1,
+        "bench tls needs at least one run of at least a second"
+    );
+    let dir = std::env::temp_dir().join(format!("ftlab-bench-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let result = run_tls_in(&dir, machine, seconds, repeat);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_tls_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<()> {
+    let size: u64 = 1 << 30;
+    let pki = dir.join("pki");
+    crate::tls_certs::write(&pki, &[], &["localhost".to_string()], 1)?;
+    let socket = dir.join("ftlab.sock");
+    let child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--no-tcp", "--latency", "none", "--tls", "allow"])
+        .arg("--tls-cert")
+        .arg(pki.join("server-cert.pem"))
+        .arg("--tls-key")
+        .arg(pki.join("server-key.pem"))
+        .arg("--unix")
+        .arg(&socket)
+        .args(["--set", &format!("capacity.logical_bytes={size}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting ftlab serve")?;
+    let _server = Proc(child);
+    wait_for(&socket)?;
+    let plain = format!("nbd+unix:///ftlab?socket={}", socket.display());
+    let tls = format!(
+        "nbds+unix:///ftlab?socket={}&tls-verify-peer=false",
+        socket.display()
+    );
+    // Data everywhere, so that reads decompress and send pages rather than zeros.
+    fio(&plain, "write", "1m", 8, size, seconds.max(3))?;
+    println!(
+        "ftlab bench tls on {machine}: ftlab serve --tls allow (FTL on, --latency none), fio --ioengine=nbd plain and over TLS by turns, {seconds} s a job, 1 GiB export, {repeat} runs each (medians; per-run ratio range)"
+    );
+    println!("| job | plain | TLS | TLS / plain | ratio range |");
+    println!("|---|---|---|---|---|");
+    for (name, rw, bs, qd) in [
+        ("4 KiB randread QD1", "randread", "4k", 1),
+        ("4 KiB randread QD32", "randread", "4k", 32),
+        ("4 KiB randwrite QD32", "randwrite", "4k", 32),
+        ("1 MiB sequential read QD8", "read", "1m", 8),
+    ] {
+        let (mut p, mut t, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..repeat {
+            // Which goes first alternates too: neither always runs on a warmer machine.
+            let (a, b) = if round % 2 == 0 {
+                let a = fio(&plain, rw, bs, qd, size, seconds)?;
+                (a, fio(&tls, rw, bs, qd, size, seconds)?)
+            } else {
+                let b = fio(&tls, rw, bs, qd, size, seconds)?;
+                (fio(&plain, rw, bs, qd, size, seconds)?, b)
+            };
+            ratios.push(b.0 / a.0.max(1.0));
+            p.push(a);
+            t.push(b);
+        }
+        let (pi, pb) = median(&mut p);
+        let (ti, tb) = median(&mut t);
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "| {name} | {pi:.0} IOPS, {pb:.0} MB/s | {ti:.0} IOPS, {tb:.0} MB/s | {:.2} | {:.2}-{:.2} |",
+            ti / pi.max(1.0),
+            ratios[0],
+            ratios[ratios.len() - 1],
+        );
+    }
+    Ok(())
+}

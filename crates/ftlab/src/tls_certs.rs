@@ -30,8 +30,23 @@ pub struct TlsCertsArgs {
 }
 
 pub fn run(args: TlsCertsArgs) -> Result<()> {
-    anyhow::ensure!(args.days >= 1, "--days: at least 1");
-    for name in &args.clients {
+    write(&args.dir, &args.clients, &args.server_names, args.days)?;
+    println!(
+        "wrote a CA, a server certificate for {} and {} client certificate(s) to {}\n\
+         serve with: ftlab serve --tls-cert {d}/server-cert.pem --tls-key {d}/server-key.pem --tls-ca {d}/ca-cert.pem",
+        args.server_names.join(", "),
+        args.clients.len(),
+        args.dir.display(),
+        d = args.dir.display()
+    );
+    Ok(())
+}
+
+/// The files `run` describes, in `dir`.
+pub fn write(dir: &Path, clients: &[String], server_names: &[String], days: u32) -> Result<()> {
+    anyhow::ensure!(days >= 1, "--days: at least 1");
+    anyhow::ensure!(!server_names.is_empty(), "--server-name: at least one");
+    for name in clients {
         anyhow::ensure!(
             !name.is_empty()
                 && name
@@ -40,10 +55,9 @@ pub fn run(args: TlsCertsArgs) -> Result<()> {
             "--client `{name}`: letters, digits and - _ . @ only (it names a folder)"
         );
     }
-    std::fs::create_dir_all(&args.dir)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let now = time_now();
-    let until = now + time_days(args.days);
+    let until = now + time_days(days);
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     // A name of its own, so that a certificate of another run's CA is told apart by name.
@@ -62,8 +76,8 @@ pub fn run(args: TlsCertsArgs) -> Result<()> {
     ];
     (ca.not_before, ca.not_after) = (now, until);
     let ca_cert = ca.self_signed(&ca_key)?;
-    write_new(&args.dir.join("ca-cert.pem"), &ca_cert.pem(), false)?;
-    write_new(&args.dir.join("ca-key.pem"), &ca_key.serialize_pem(), true)?;
+    write_new(&dir.join("ca-cert.pem"), &ca_cert.pem(), false)?;
+    write_new(&dir.join("ca-key.pem"), &ca_key.serialize_pem(), true)?;
 
     let leaf = |cn: &str, sans: Vec<String>, purpose: ExtendedKeyUsagePurpose| -> Result<_> {
         let key = KeyPair::generate()?;
@@ -80,28 +94,20 @@ pub fn run(args: TlsCertsArgs) -> Result<()> {
         Ok((cert.pem(), key.serialize_pem()))
     };
     let (cert, key) = leaf(
-        &args.server_names[0],
-        args.server_names.clone(),
+        &server_names[0],
+        server_names.to_vec(),
         ExtendedKeyUsagePurpose::ServerAuth,
     )?;
-    write_new(&args.dir.join("server-cert.pem"), &cert, false)?;
-    write_new(&args.dir.join("server-key.pem"), &key, true)?;
-    for name in &args.clients {
-        let dir = args.dir.join(format!("client-{name}"));
+    write_new(&dir.join("server-cert.pem"), &cert, false)?;
+    write_new(&dir.join("server-key.pem"), &key, true)?;
+    for name in clients {
+        let dir = dir.join(format!("client-{name}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let (cert, key) = leaf(name, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)?;
         write_new(&dir.join("ca-cert.pem"), &ca_cert.pem(), false)?;
         write_new(&dir.join("client-cert.pem"), &cert, false)?;
         write_new(&dir.join("client-key.pem"), &key, true)?;
     }
-    println!(
-        "wrote a CA, a server certificate for {} and {} client certificate(s) to {}\n\
-         serve with: ftlab serve --tls-cert {d}/server-cert.pem --tls-key {d}/server-key.pem --tls-ca {d}/ca-cert.pem",
-        args.server_names.join(", "),
-        args.clients.len(),
-        args.dir.display(),
-        d = args.dir.display()
-    );
     Ok(())
 }
 
