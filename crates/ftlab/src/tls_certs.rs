@@ -55,7 +55,7 @@ pub fn write(dir: &Path, clients: &[String], server_names: &[String], days: u32)
             "--client `{name}`: letters, digits and - _ . @ only (it names a folder)"
         );
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let now = time_now();
     let until = now + time_days(days);
     let ca_key = KeyPair::generate()?;
