@@ -90,6 +90,15 @@ pub struct DeviceOptions {
     pub tls: Option<std::sync::Arc<tls::TlsSetup>>,
 }
 
+/// A command of an in-process client (`Device::local`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalCommand {
+    Read,
+    Write,
+    Trim,
+    Flush,
+}
+
 /// When the device log is made durable (`fdatasync`), with `data`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
@@ -1436,6 +1445,34 @@ impl Device {
     /// snapshot or clone is of the whole device, served on every export).
     pub fn volume_export_name(&self, volume: &str) -> String {
         format!("{}@{volume}", self.exports[0].spec.name)
+    }
+
+    /// Applies one command of a client in this process (the SQLite VFS) to the first export,
+    /// as a connection's request: the FTL model, the store or the durable log, FLUSH per the
+    /// durability. A read's bytes are appended to `out`. `Err` is the NBD errno.
+    pub fn local(
+        &self,
+        command: LocalCommand,
+        offset: u64,
+        data: &[u8],
+        length: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), u32> {
+        let (command, length) = match command {
+            LocalCommand::Read => (p::CMD_READ, length),
+            LocalCommand::Write => (p::CMD_WRITE, data.len() as u32),
+            LocalCommand::Trim => (p::CMD_TRIM, length),
+            LocalCommand::Flush => (p::CMD_FLUSH, 0),
+        };
+        let request = p::Request {
+            flags: 0,
+            command,
+            cookie: 0,
+            offset,
+            length,
+        };
+        self.execute(&request, data, out, true, Target::default())
+            .map(|_latency_ns| ())
     }
 
     /// The name a policy knows an export by: `NAME`, or `NAME@VOLUME` for a snapshot or clone

@@ -1,0 +1,1064 @@
+//! A SQLite VFS that keeps a database on an ftlab device, in-process: the FTL model in front of
+//! the compressed page store, or of a durable device directory (`serve --data`'s log). Open
+//! `file:app.db?vfs=ftlab&device=DIR` (or without `device`: a device in memory, shared by the
+//! process's connections to that name while one is open) after [`register`].
+//!
+//! The device has no file system, so the VFS lays one out, as small as SQLite needs: page 0
+//! holds the table of files (the database's name; whether the database, its rollback journal
+//! and its WAL exist, and their sizes), and each of the three has a fixed range of the device's
+//! logical space (the database its first half, the journal and the WAL a quarter each).
+//! Logical space costs nothing until written, so the ranges are generous. A SQLite page write
+//! is a device write of those bytes (never the whole file); xSync writes the table when it
+//! changed, then FLUSHes the device, as fsync makes a file's size durable with its data; a
+//! deleted journal is trimmed. Temporary files (sort spills, statement journals) stay in
+//! process memory.
+//!
+//! Locks are this process's: the database's five-level lock in a mutex per device, WAL's
+//! shared memory in process memory (`xShmMap`), with its eight locks beside it. Another process
+//! opening the same device directory is not guarded against (the device is one process's).
+
+use ftlab_server::{Device, DeviceOptions, LocalCommand};
+use rusqlite::ffi;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+/// The name to open databases with: `file:NAME?vfs=ftlab&device=DIR`.
+pub const VFS_NAME: &CStr = c"ftlab";
+/// Bytes of the device's logical space when `size=` is not given (a durable directory keeps
+/// the size it was made with).
+pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
+const HEADER_BYTES: u64 = 4096;
+const MAGIC: &[u8; 16] = b"ftlab-sqlite\0\0\0\x01";
+const SECTOR_BYTES: c_int = 4096;
+
+/// The files of a database that live on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Main = 0,
+    Journal = 1,
+    Wal = 2,
+}
+
+impl Kind {
+    /// The file `name` is to its database: (kind, the database's name).
+    fn of(name: &str) -> (Kind, &str) {
+        if let Some(db) = name.strip_suffix("-journal") {
+            (Kind::Journal, db)
+        } else if let Some(db) = name.strip_suffix("-wal") {
+            (Kind::Wal, db)
+        } else {
+            (Kind::Main, name)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FileMeta {
+    exists: bool,
+    size_bytes: u64,
+}
+
+/// The table in page 0.
+#[derive(Clone, Debug, Default)]
+struct Table {
+    name: String,
+    files: [FileMeta; 3],
+    /// Changed since last written.
+    dirty: bool,
+}
+
+impl Table {
+    fn encode(&self) -> Vec<u8> {
+        let mut page = vec![0u8; HEADER_BYTES as usize];
+        page[..16].copy_from_slice(MAGIC);
+        let mut at = 16;
+        for f in &self.files {
+            page[at] = u8::from(f.exists);
+            page[at + 1..at + 9].copy_from_slice(&f.size_bytes.to_le_bytes());
+            at += 9;
+        }
+        let name = &self.name.as_bytes()[..self.name.len().min(1024)];
+        page[at..at + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
+        page[at + 2..at + 2 + name.len()].copy_from_slice(name);
+        page
+    }
+
+    /// None for a page that is no table (a fresh device reads zeros).
+    fn decode(page: &[u8]) -> Option<Table> {
+        if page.len() < HEADER_BYTES as usize || &page[..16] != MAGIC {
+            return None;
+        }
+        let mut t = Table::default();
+        let mut at = 16;
+        for f in &mut t.files {
+            f.exists = page[at] != 0;
+            f.size_bytes = u64::from_le_bytes(page[at + 1..at + 9].try_into().ok()?);
+            at += 9;
+        }
+        let len = u16::from_le_bytes([page[at], page[at + 1]]) as usize;
+        t.name = String::from_utf8(page.get(at + 2..at + 2 + len)?.to_vec()).ok()?;
+        Some(t)
+    }
+}
+
+/// SQLite's database lock, shared by the process's connections to one device.
+#[derive(Default)]
+struct LockState {
+    shared: u32,
+    reserved: bool,
+    pending: bool,
+    exclusive: bool,
+}
+
+/// WAL's shared memory: its regions (never moved while mapped) and its eight locks.
+#[derive(Default)]
+struct Shm {
+    regions: Vec<Box<[u8]>>,
+    shared: [u32; ffi::SQLITE_SHM_NLOCK as usize],
+    exclusive: [bool; ffi::SQLITE_SHM_NLOCK as usize],
+    mapped_by: u32,
+}
+
+/// A device open in this process, with the table of its files.
+pub struct Dev {
+    device: Device,
+    dir: Option<PathBuf>,
+    capacity_bytes: u64,
+    table: Mutex<Table>,
+    lock: Mutex<LockState>,
+    shm: Mutex<Shm>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Dev {
+    fn open(dir: Option<PathBuf>, size_bytes: u64) -> Result<Dev, String> {
+        let mut builder =
+            ftlab_core::config::ConfigBuilder::from_preset("femu").map_err(|e| e.to_string())?;
+        builder
+            .set(&format!("capacity.logical_bytes={size_bytes}"))
+            .map_err(|e| e.to_string())?;
+        let config = builder.build_device().map_err(|e| e.to_string())?;
+        let device = Device::new(
+            &config,
+            DeviceOptions {
+                export_name: "sqlite".into(),
+                exports: Vec::new(),
+                latency: ftlab_server::Latency::None,
+                codec: ftlab_store::codec::Codec::Lz4,
+                record: None,
+                record_format: ftlab_server::RecordFormat::Nbdkit,
+                mem_limit_bytes: None,
+                limits: Default::default(),
+                read_only: false,
+                data: dir.clone(),
+                durability: ftlab_server::Durability::Flush,
+                checkpoint_every_bytes: 256 << 20,
+                cache_bytes: 16 << 20,
+                cache_policy: Default::default(),
+                tls: None,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let capacity_bytes = device.size_bytes();
+        let dev = Dev {
+            device,
+            dir,
+            capacity_bytes,
+            table: Mutex::default(),
+            lock: Mutex::default(),
+            shm: Mutex::default(),
+        };
+        let mut page = Vec::new();
+        dev.device
+            .local(LocalCommand::Read, 0, &[], HEADER_BYTES as u32, &mut page)
+            .map_err(|e| format!("reading the file table: NBD error {e}"))?;
+        if let Some(t) = Table::decode(&page) {
+            *lock(&dev.table) = t;
+        }
+        Ok(dev)
+    }
+
+    /// The device's range for a file: (first byte, bytes).
+    fn range(&self, kind: Kind) -> (u64, u64) {
+        let half = self.capacity_bytes / 2;
+        let quarter = self.capacity_bytes / 4;
+        match kind {
+            Kind::Main => (HEADER_BYTES, half - HEADER_BYTES),
+            Kind::Journal => (half, quarter),
+            Kind::Wal => (half + quarter, self.capacity_bytes - half - quarter),
+        }
+    }
+
+    /// Writes the table if it changed.
+    fn write_table(&self, table: &mut Table) -> Result<(), u32> {
+        if table.dirty {
+            let mut none = Vec::new();
+            self.device
+                .local(LocalCommand::Write, 0, &table.encode(), 0, &mut none)?;
+            table.dirty = false;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), u32> {
+        self.write_table(&mut lock(&self.table))?;
+        self.device
+            .local(LocalCommand::Flush, 0, &[], 0, &mut Vec::new())
+    }
+
+    /// The device itself: its statistics, its model's report.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            eprintln!("ftlab sqlite: the last flush failed: NBD error {e}");
+        }
+        if let Err(e) = self.device.finish() {
+            eprintln!("ftlab sqlite: closing the device: {e}");
+        }
+    }
+}
+
+/// The devices open in this process, by database name.
+fn devices() -> MutexGuard<'static, HashMap<String, Weak<Dev>>> {
+    static DEVICES: OnceLock<Mutex<HashMap<String, Weak<Dev>>>> = OnceLock::new();
+    lock(DEVICES.get_or_init(Mutex::default))
+}
+
+/// The device a database `name` is open on in this process, if it is (for its statistics).
+pub fn device_of(name: &str) -> Option<Arc<Dev>> {
+    devices().get(name).and_then(Weak::upgrade)
+}
+
+fn open_dev(name: &str, dir: Option<PathBuf>, size_bytes: u64) -> Result<Arc<Dev>, String> {
+    let mut open = devices();
+    open.retain(|_, d| d.strong_count() > 0);
+    if let Some(dev) = open.get(name).and_then(Weak::upgrade) {
+        if dev.dir != dir {
+            return Err(format!(
+                "{name} is open on another device ({:?}) in this process",
+                dev.dir
+            ));
+        }
+        return Ok(dev);
+    }
+    if let Some(dir) = &dir {
+        if open
+            .values()
+            .filter_map(Weak::upgrade)
+            .any(|d| d.dir.as_ref() == Some(dir))
+        {
+            return Err(format!(
+                "{} is open for another database in this process",
+                dir.display()
+            ));
+        }
+    }
+    let dev = Arc::new(Dev::open(dir, size_bytes)?);
+    open.insert(name.to_string(), Arc::downgrade(&dev));
+    Ok(dev)
+}
+
+/// A file SQLite opened: on the device, or in memory (temporary files).
+enum FileState {
+    Device {
+        dev: Arc<Dev>,
+        kind: Kind,
+        /// This file's level of the database lock (`SQLITE_LOCK_*`).
+        level: c_int,
+        /// The WAL locks it holds, as bits.
+        shm_shared: u8,
+        shm_exclusive: u8,
+        shm_mapped: bool,
+        /// Reused for reads (no allocation per page).
+        scratch: Vec<u8>,
+    },
+    Memory {
+        bytes: Vec<u8>,
+    },
+}
+
+#[repr(C)]
+struct File {
+    base: ffi::sqlite3_file,
+    state: *mut FileState,
+}
+
+/// Runs a callback, turning a panic into an I/O error (unwinding into SQLite's C would abort).
+fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(ffi::SQLITE_IOERR)
+}
+
+/// # Safety
+/// `file` is a `File` this VFS opened and has not closed.
+unsafe fn state<'a>(file: *mut ffi::sqlite3_file) -> &'a mut FileState {
+    // SAFETY: the caller's contract; `state` was set by x_open to a live box.
+    unsafe { &mut *(*(file as *mut File)).state }
+}
+
+/// Parses `size=` (bytes, or with K/M/G).
+fn parse_size(s: &str) -> Option<u64> {
+    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, ""),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}
+
+unsafe extern "C" fn x_open(
+    vfs: *mut ffi::sqlite3_vfs,
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let _ = vfs;
+    guard(|| {
+        let temporary = ffi::SQLITE_OPEN_TEMP_DB
+            | ffi::SQLITE_OPEN_TEMP_JOURNAL
+            | ffi::SQLITE_OPEN_SUBJOURNAL
+            | ffi::SQLITE_OPEN_TRANSIENT_DB
+            | ffi::SQLITE_OPEN_SUPER_JOURNAL;
+        let state = if name.is_null() || flags & temporary != 0 {
+            FileState::Memory { bytes: Vec::new() }
+        } else {
+            // SAFETY: SQLite passes a NUL-terminated name (with URI parameters after it).
+            let full = unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned();
+            let (kind, db) = Kind::of(&full);
+            let dev = if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 {
+                let param = |key: &CStr| {
+                    // SAFETY: `name` is the main database's name as SQLite gave it.
+                    let v = unsafe { ffi::sqlite3_uri_parameter(name, key.as_ptr()) };
+                    // SAFETY: a NUL-terminated parameter value owned by SQLite, or null.
+                    (!v.is_null())
+                        .then(|| unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned())
+                };
+                let dir = param(c"device")
+                    .filter(|d| !d.is_empty() && d != ":memory:")
+                    .map(PathBuf::from);
+                let size = match param(c"size") {
+                    None => DEFAULT_DEVICE_BYTES,
+                    Some(s) => match parse_size(&s) {
+                        Some(n) => n,
+                        None => return ffi::SQLITE_CANTOPEN,
+                    },
+                };
+                match open_dev(&full, dir, size) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        eprintln!("ftlab sqlite: {full}: {e}");
+                        return ffi::SQLITE_CANTOPEN;
+                    }
+                }
+            } else {
+                // A journal or WAL: its database is open already.
+                match device_of(db) {
+                    Some(d) => d,
+                    None => return ffi::SQLITE_CANTOPEN,
+                }
+            };
+            {
+                let mut t = lock(&dev.table);
+                if kind == Kind::Main && !t.name.is_empty() && t.name != full {
+                    eprintln!("ftlab sqlite: {full}: the device holds database {}", t.name);
+                    return ffi::SQLITE_CANTOPEN;
+                }
+                let meta = &mut t.files[kind as usize];
+                if !meta.exists {
+                    if flags & ffi::SQLITE_OPEN_CREATE == 0 {
+                        return ffi::SQLITE_CANTOPEN;
+                    }
+                    meta.exists = true;
+                    meta.size_bytes = 0;
+                    t.dirty = true;
+                    if kind == Kind::Main {
+                        t.name = full.clone();
+                    }
+                }
+            }
+            FileState::Device {
+                dev,
+                kind,
+                level: ffi::SQLITE_LOCK_NONE,
+                shm_shared: 0,
+                shm_exclusive: 0,
+                shm_mapped: false,
+                scratch: Vec::new(),
+            }
+        };
+        let f = file as *mut File;
+        // SAFETY: SQLite gives `szOsFile` bytes for the file, which is a `File`.
+        unsafe {
+            (*f).state = Box::into_raw(Box::new(state));
+            (*f).base.pMethods = &IO_METHODS;
+            if !out_flags.is_null() {
+                *out_flags = flags;
+            }
+        }
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
+    guard(|| {
+        let f = file as *mut File;
+        // SAFETY: x_open set `state` to a box; SQLite closes a file once.
+        let state = unsafe { Box::from_raw((*f).state) };
+        if let FileState::Device {
+            dev, shm_mapped, ..
+        } = &*state
+        {
+            if *shm_mapped {
+                // SAFETY: the same file, still open.
+                unsafe { x_shm_unmap(file, 0) };
+            }
+            let mut l = lock(&dev.lock);
+            if let FileState::Device { level, .. } = &*state {
+                release(&mut l, *level, ffi::SQLITE_LOCK_NONE);
+            }
+        }
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: SQLite gives a buffer of `amount` bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amount as usize) };
+        let offset = offset as u64;
+        // SAFETY: a file of this VFS.
+        match unsafe { state(file) } {
+            FileState::Memory { bytes } => {
+                let have = bytes.len().saturating_sub(offset as usize).min(buf.len());
+                if have > 0 {
+                    buf[..have].copy_from_slice(&bytes[offset as usize..offset as usize + have]);
+                }
+                buf[have..].fill(0);
+                if have < buf.len() {
+                    ffi::SQLITE_IOERR_SHORT_READ
+                } else {
+                    ffi::SQLITE_OK
+                }
+            }
+            FileState::Device {
+                dev, kind, scratch, ..
+            } => {
+                let size = lock(&dev.table).files[*kind as usize].size_bytes;
+                let have = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+                if have > 0 {
+                    let (base, _) = dev.range(*kind);
+                    scratch.clear();
+                    if dev
+                        .device
+                        .local(LocalCommand::Read, base + offset, &[], have as u32, scratch)
+                        .is_err()
+                    {
+                        return ffi::SQLITE_IOERR_READ;
+                    }
+                    buf[..have].copy_from_slice(&scratch[..have]);
+                }
+                buf[have..].fill(0);
+                if have < buf.len() {
+                    ffi::SQLITE_IOERR_SHORT_READ
+                } else {
+                    ffi::SQLITE_OK
+                }
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn x_write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: SQLite gives `amount` bytes.
+        let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amount as usize) };
+        let offset = offset as u64;
+        let end = offset + data.len() as u64;
+        // SAFETY: a file of this VFS.
+        match unsafe { state(file) } {
+            FileState::Memory { bytes } => {
+                if bytes.len() < end as usize {
+                    bytes.resize(end as usize, 0);
+                }
+                bytes[offset as usize..end as usize].copy_from_slice(data);
+                ffi::SQLITE_OK
+            }
+            FileState::Device { dev, kind, .. } => {
+                let (base, room) = dev.range(*kind);
+                if end > room {
+                    return ffi::SQLITE_FULL;
+                }
+                if dev
+                    .device
+                    .local(LocalCommand::Write, base + offset, data, 0, &mut Vec::new())
+                    .is_err()
+                {
+                    return ffi::SQLITE_IOERR_WRITE;
+                }
+                let mut t = lock(&dev.table);
+                let meta = &mut t.files[*kind as usize];
+                if end > meta.size_bytes {
+                    meta.size_bytes = end;
+                    t.dirty = true;
+                }
+                ffi::SQLITE_OK
+            }
+        }
+    })
+}
+
+/// Trims the whole device pages of a file's range from `from` (bytes into it) to its end.
+fn trim_from(dev: &Dev, kind: Kind, from: u64) -> Result<(), u32> {
+    let (base, room) = dev.range(kind);
+    let page = 4096;
+    let start = from.div_ceil(page) * page;
+    if start >= room {
+        return Ok(());
+    }
+    // In pieces a request may carry.
+    let mut at = start;
+    while at < room {
+        let n = (room - at).min(1 << 30);
+        dev.device.local(
+            LocalCommand::Trim,
+            base + at,
+            &[],
+            n as u32,
+            &mut Vec::new(),
+        )?;
+        at += n;
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    guard(|| {
+        let size = size.max(0) as u64;
+        // SAFETY: a file of this VFS.
+        match unsafe { state(file) } {
+            FileState::Memory { bytes } => {
+                bytes.truncate(size as usize);
+                ffi::SQLITE_OK
+            }
+            FileState::Device { dev, kind, .. } => {
+                let old = {
+                    let mut t = lock(&dev.table);
+                    let meta = &mut t.files[*kind as usize];
+                    let old = meta.size_bytes;
+                    if size != old {
+                        meta.size_bytes = size;
+                        t.dirty = true;
+                    }
+                    old
+                };
+                if size < old && trim_from(dev, *kind, size).is_err() {
+                    return ffi::SQLITE_IOERR_TRUNCATE;
+                }
+                ffi::SQLITE_OK
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, _flags: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        match unsafe { state(file) } {
+            FileState::Memory { .. } => ffi::SQLITE_OK,
+            FileState::Device { dev, .. } => match dev.flush() {
+                Ok(()) => ffi::SQLITE_OK,
+                Err(_) => ffi::SQLITE_IOERR_FSYNC,
+            },
+        }
+    })
+}
+
+unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        let n = match unsafe { state(file) } {
+            FileState::Memory { bytes } => bytes.len() as u64,
+            FileState::Device { dev, kind, .. } => {
+                lock(&dev.table).files[*kind as usize].size_bytes
+            }
+        };
+        // SAFETY: SQLite gives a place for the size.
+        unsafe { *size = n as i64 };
+        ffi::SQLITE_OK
+    })
+}
+
+/// Takes the database lock from `from` up to `to` (`SQLITE_LOCK_*`): the level reached, and
+/// whether it is `to` (else SQLITE_BUSY).
+fn acquire(l: &mut LockState, from: c_int, to: c_int) -> (c_int, bool) {
+    let mut level = from;
+    if level < ffi::SQLITE_LOCK_SHARED {
+        if l.pending || l.exclusive {
+            return (level, false);
+        }
+        l.shared += 1;
+        level = ffi::SQLITE_LOCK_SHARED;
+    }
+    // EXCLUSIVE goes through RESERVED too (stricter than unix's, which may hold PENDING
+    // beside another's RESERVED): a level then always means every lock below it is held.
+    if to >= ffi::SQLITE_LOCK_RESERVED && level < ffi::SQLITE_LOCK_RESERVED {
+        if l.reserved {
+            return (level, false);
+        }
+        l.reserved = true;
+        level = ffi::SQLITE_LOCK_RESERVED;
+    }
+    if to == ffi::SQLITE_LOCK_EXCLUSIVE {
+        if level < ffi::SQLITE_LOCK_PENDING {
+            if l.pending {
+                return (level, false);
+            }
+            l.pending = true;
+            level = ffi::SQLITE_LOCK_PENDING;
+        }
+        // Every other reader gone?
+        if l.shared > 1 {
+            return (level, false);
+        }
+        l.exclusive = true;
+        level = ffi::SQLITE_LOCK_EXCLUSIVE;
+    }
+    (level, true)
+}
+
+/// Lowers the database lock from `from` to `to` (SHARED or NONE).
+fn release(l: &mut LockState, from: c_int, to: c_int) {
+    if from >= ffi::SQLITE_LOCK_RESERVED && to < ffi::SQLITE_LOCK_RESERVED {
+        // RESERVED is held alone or under PENDING/EXCLUSIVE: whoever holds those held it.
+        l.reserved = false;
+    }
+    if from >= ffi::SQLITE_LOCK_PENDING && to < ffi::SQLITE_LOCK_PENDING {
+        l.pending = false;
+    }
+    if from == ffi::SQLITE_LOCK_EXCLUSIVE && to < ffi::SQLITE_LOCK_EXCLUSIVE {
+        l.exclusive = false;
+    }
+    if from >= ffi::SQLITE_LOCK_SHARED && to < ffi::SQLITE_LOCK_SHARED {
+        l.shared -= 1;
+    }
+}
+
+unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, to: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        match unsafe { state(file) } {
+            FileState::Memory { .. } => ffi::SQLITE_OK,
+            FileState::Device { dev, level, .. } => {
+                if *level >= to {
+                    return ffi::SQLITE_OK;
+                }
+                let (reached, ok) = acquire(&mut lock(&dev.lock), *level, to);
+                *level = reached;
+                if ok {
+                    ffi::SQLITE_OK
+                } else {
+                    ffi::SQLITE_BUSY
+                }
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, to: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        match unsafe { state(file) } {
+            FileState::Memory { .. } => ffi::SQLITE_OK,
+            FileState::Device { dev, level, .. } => {
+                if *level > to {
+                    release(&mut lock(&dev.lock), *level, to);
+                    *level = to;
+                }
+                ffi::SQLITE_OK
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        let reserved = match unsafe { state(file) } {
+            FileState::Memory { .. } => false,
+            FileState::Device { dev, .. } => {
+                let l = lock(&dev.lock);
+                l.reserved || l.pending || l.exclusive
+            }
+        };
+        // SAFETY: SQLite gives a place for the answer.
+        unsafe { *out = c_int::from(reserved) };
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_file_control(
+    _file: *mut ffi::sqlite3_file,
+    _op: c_int,
+    _arg: *mut c_void,
+) -> c_int {
+    ffi::SQLITE_NOTFOUND
+}
+
+unsafe extern "C" fn x_sector_size(_file: *mut ffi::sqlite3_file) -> c_int {
+    SECTOR_BYTES
+}
+
+unsafe extern "C" fn x_device_characteristics(_file: *mut ffi::sqlite3_file) -> c_int {
+    // Writing part of a sector never harms the rest of it (the store rewrites whole pages
+    // under a lock; the log's records are checksummed).
+    ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE
+}
+
+unsafe extern "C" fn x_shm_map(
+    file: *mut ffi::sqlite3_file,
+    region: c_int,
+    region_bytes: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        let FileState::Device {
+            dev, shm_mapped, ..
+        } = (unsafe { state(file) })
+        else {
+            return ffi::SQLITE_IOERR_SHMMAP;
+        };
+        let mut shm = lock(&dev.shm);
+        if !*shm_mapped {
+            *shm_mapped = true;
+            shm.mapped_by += 1;
+        }
+        let region = region as usize;
+        while shm.regions.len() <= region {
+            if extend == 0 {
+                // SAFETY: SQLite gives a place for the pointer.
+                unsafe { *out = std::ptr::null_mut() };
+                return ffi::SQLITE_OK;
+            }
+            shm.regions
+                .push(vec![0u8; region_bytes as usize].into_boxed_slice());
+        }
+        // SAFETY: as above; the region's bytes stay where they are until every file unmaps.
+        unsafe { *out = shm.regions[region].as_mut_ptr() as *mut c_void };
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        let FileState::Device {
+            dev,
+            shm_shared,
+            shm_exclusive,
+            ..
+        } = (unsafe { state(file) })
+        else {
+            return ffi::SQLITE_IOERR_SHMLOCK;
+        };
+        let mut shm = lock(&dev.shm);
+        let slots = offset as usize..(offset + n) as usize;
+        let mask = |i: usize| 1u8 << i;
+        if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
+            for i in slots {
+                if *shm_shared & mask(i) != 0 {
+                    shm.shared[i] -= 1;
+                    *shm_shared &= !mask(i);
+                }
+                if *shm_exclusive & mask(i) != 0 {
+                    shm.exclusive[i] = false;
+                    *shm_exclusive &= !mask(i);
+                }
+            }
+            return ffi::SQLITE_OK;
+        }
+        if flags & ffi::SQLITE_SHM_SHARED != 0 {
+            for i in slots.clone() {
+                if shm.exclusive[i] && *shm_exclusive & mask(i) == 0 {
+                    return ffi::SQLITE_BUSY;
+                }
+            }
+            for i in slots {
+                if *shm_shared & mask(i) == 0 {
+                    shm.shared[i] += 1;
+                    *shm_shared |= mask(i);
+                }
+            }
+        } else {
+            for i in slots.clone() {
+                let others_shared = shm.shared[i] - u32::from(*shm_shared & mask(i) != 0);
+                if others_shared > 0 || (shm.exclusive[i] && *shm_exclusive & mask(i) == 0) {
+                    return ffi::SQLITE_BUSY;
+                }
+            }
+            for i in slots {
+                shm.exclusive[i] = true;
+                *shm_exclusive |= mask(i);
+            }
+        }
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_shm_barrier(_file: *mut ffi::sqlite3_file) {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+unsafe extern "C" fn x_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: a file of this VFS.
+        let FileState::Device {
+            dev,
+            shm_mapped,
+            shm_shared,
+            shm_exclusive,
+            ..
+        } = (unsafe { state(file) })
+        else {
+            return ffi::SQLITE_OK;
+        };
+        let mut shm = lock(&dev.shm);
+        for i in 0..ffi::SQLITE_SHM_NLOCK as usize {
+            if *shm_shared & (1 << i) != 0 {
+                shm.shared[i] -= 1;
+            }
+            if *shm_exclusive & (1 << i) != 0 {
+                shm.exclusive[i] = false;
+            }
+        }
+        (*shm_shared, *shm_exclusive) = (0, 0);
+        if *shm_mapped {
+            *shm_mapped = false;
+            shm.mapped_by -= 1;
+        }
+        if shm.mapped_by == 0 && delete != 0 {
+            shm.regions.clear();
+        }
+        ffi::SQLITE_OK
+    })
+}
+
+static IO_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 2,
+    xClose: Some(x_close),
+    xRead: Some(x_read),
+    xWrite: Some(x_write),
+    xTruncate: Some(x_truncate),
+    xSync: Some(x_sync),
+    xFileSize: Some(x_file_size),
+    xLock: Some(x_lock),
+    xUnlock: Some(x_unlock),
+    xCheckReservedLock: Some(x_check_reserved_lock),
+    xFileControl: Some(x_file_control),
+    xSectorSize: Some(x_sector_size),
+    xDeviceCharacteristics: Some(x_device_characteristics),
+    xShmMap: Some(x_shm_map),
+    xShmLock: Some(x_shm_lock),
+    xShmBarrier: Some(x_shm_barrier),
+    xShmUnmap: Some(x_shm_unmap),
+    xFetch: None,
+    xUnfetch: None,
+};
+
+/// The database a journal or WAL name belongs to, and the device it is open on.
+fn named(name: *const c_char) -> Option<(Kind, Arc<Dev>)> {
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: SQLite passes a NUL-terminated name.
+    let full = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    let (kind, db) = Kind::of(&full);
+    device_of(db).map(|d| (kind, d))
+}
+
+unsafe extern "C" fn x_delete(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    sync_dir: c_int,
+) -> c_int {
+    guard(|| {
+        let Some((kind, dev)) = named(name) else {
+            return ffi::SQLITE_IOERR_DELETE_NOENT;
+        };
+        {
+            let mut t = lock(&dev.table);
+            let meta = &mut t.files[kind as usize];
+            if !meta.exists {
+                return ffi::SQLITE_IOERR_DELETE_NOENT;
+            }
+            *meta = FileMeta::default();
+            t.dirty = true;
+        }
+        // A deleted file's pages are free, as a file system with discard says.
+        if trim_from(&dev, kind, 0).is_err() {
+            return ffi::SQLITE_IOERR_DELETE;
+        }
+        let done = if sync_dir != 0 {
+            dev.flush()
+        } else {
+            dev.write_table(&mut lock(&dev.table))
+        };
+        if done.is_err() {
+            return ffi::SQLITE_IOERR_DELETE;
+        }
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_access(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    _flags: c_int,
+    out: *mut c_int,
+) -> c_int {
+    guard(|| {
+        let exists =
+            named(name).is_some_and(|(kind, dev)| lock(&dev.table).files[kind as usize].exists);
+        // SAFETY: SQLite gives a place for the answer.
+        unsafe { *out = c_int::from(exists) };
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_full_pathname(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    out_bytes: c_int,
+    out: *mut c_char,
+) -> c_int {
+    guard(|| {
+        // Names are keys of the device's table, not paths: kept as given.
+        // SAFETY: SQLite passes a NUL-terminated name and `out_bytes` of room.
+        let bytes = unsafe { CStr::from_ptr(name) }.to_bytes_with_nul();
+        if bytes.len() > out_bytes as usize {
+            return ffi::SQLITE_CANTOPEN;
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, out, bytes.len()) };
+        ffi::SQLITE_OK
+    })
+}
+
+/// The default VFS, for what is no file's business (randomness, sleep, time).
+fn host() -> *mut ffi::sqlite3_vfs {
+    // SAFETY: null asks for the default VFS, registered by SQLite at initialisation.
+    unsafe { ffi::sqlite3_vfs_find(std::ptr::null()) }
+}
+
+unsafe extern "C" fn x_randomness(
+    _vfs: *mut ffi::sqlite3_vfs,
+    n: c_int,
+    out: *mut c_char,
+) -> c_int {
+    let h = host();
+    // SAFETY: the default VFS's own method, with SQLite's arguments.
+    unsafe { ((*h).xRandomness.expect("every VFS has xRandomness"))(h, n, out) }
+}
+
+unsafe extern "C" fn x_sleep(_vfs: *mut ffi::sqlite3_vfs, us: c_int) -> c_int {
+    let h = host();
+    // SAFETY: as x_randomness.
+    unsafe { ((*h).xSleep.expect("every VFS has xSleep"))(h, us) }
+}
+
+unsafe extern "C" fn x_current_time(_vfs: *mut ffi::sqlite3_vfs, out: *mut f64) -> c_int {
+    let h = host();
+    // SAFETY: as x_randomness.
+    unsafe { ((*h).xCurrentTime.expect("every VFS has xCurrentTime"))(h, out) }
+}
+
+unsafe extern "C" fn x_current_time_int64(_vfs: *mut ffi::sqlite3_vfs, out: *mut i64) -> c_int {
+    let h = host();
+    // SAFETY: as x_randomness; version 2 VFSs have it.
+    match unsafe { (*h).xCurrentTimeInt64 } {
+        Some(f) => unsafe { f(h, out) },
+        None => ffi::SQLITE_ERROR,
+    }
+}
+
+unsafe extern "C" fn x_get_last_error(
+    _vfs: *mut ffi::sqlite3_vfs,
+    _n: c_int,
+    _out: *mut c_char,
+) -> c_int {
+    0
+}
+
+/// Registers the `ftlab` VFS with SQLite (once; later calls do nothing). Not the default VFS:
+/// databases ask for it by `vfs=ftlab`.
+pub fn register() -> Result<(), c_int> {
+    static REGISTERED: OnceLock<c_int> = OnceLock::new();
+    let rc = *REGISTERED.get_or_init(|| {
+        let vfs = Box::leak(Box::new(ffi::sqlite3_vfs {
+            iVersion: 2,
+            szOsFile: std::mem::size_of::<File>() as c_int,
+            mxPathname: 1024,
+            pNext: std::ptr::null_mut(),
+            zName: VFS_NAME.as_ptr(),
+            pAppData: std::ptr::null_mut(),
+            xOpen: Some(x_open),
+            xDelete: Some(x_delete),
+            xAccess: Some(x_access),
+            xFullPathname: Some(x_full_pathname),
+            xDlOpen: None,
+            xDlError: None,
+            xDlSym: None,
+            xDlClose: None,
+            xRandomness: Some(x_randomness),
+            xSleep: Some(x_sleep),
+            xCurrentTime: Some(x_current_time),
+            xGetLastError: Some(x_get_last_error),
+            xCurrentTimeInt64: Some(x_current_time_int64),
+            xSetSystemCall: None,
+            xGetSystemCall: None,
+            xNextSystemCall: None,
+        }));
+        // SAFETY: a complete VFS that lives for ever; 0: not the default.
+        unsafe { ffi::sqlite3_vfs_register(vfs, 0) }
+    });
+    if rc == ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(rc)
+    }
+}
