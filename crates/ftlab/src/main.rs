@@ -21,6 +21,7 @@ mod mapbench_cmd;
 mod output;
 mod plot;
 mod serve;
+mod sqlite_bench;
 mod sweep_cmd;
 mod tls_certs;
 mod volumes_cmd;
@@ -103,6 +104,10 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Run an OLTP-like SQLite workload through the ftlab VFS (FTL model on) per journal mode
+    /// and print what it did to the device (WAF, flushes, simulated latency) beside the same
+    /// workload on a tmpfs file with SQLite's default VFS.
+    SqliteBench(sqlite_bench::SqliteBenchArgs),
     /// Write a test certificate authority, a server certificate and client certificates for
     /// `serve --tls-cert/--tls-key/--tls-ca`, laid out as qemu and libnbd read them.
     #[command(after_help = "Example:\n  \
@@ -510,6 +515,7 @@ fn main() {
                 },
         } => policy_check(&file, principals, &action, &export),
         Command::TlsCerts(args) => tls_certs::run(args),
+        Command::SqliteBench(args) => sqlite_bench::run(args),
         Command::Presets => {
             for p in PRESETS {
                 println!("{:<20} {}", p.name, p.summary);

@@ -536,18 +536,17 @@ unsafe extern "C" fn x_write(
     })
 }
 
-/// Trims the whole device pages of a file's range from `from` (bytes into it) to its end.
-fn trim_from(dev: &Dev, kind: Kind, from: u64) -> Result<(), u32> {
+/// Trims the whole device pages of a file's range from `from` to `to` (bytes into it: the
+/// file's old size, so only what it held).
+fn trim_from(dev: &Dev, kind: Kind, from: u64, to: u64) -> Result<(), u32> {
     let (base, room) = dev.range(kind);
     let page = 4096;
     let start = from.div_ceil(page) * page;
-    if start >= room {
-        return Ok(());
-    }
+    let end = to.div_ceil(page).saturating_mul(page).min(room);
     // In pieces a request may carry.
     let mut at = start;
-    while at < room {
-        let n = (room - at).min(1 << 30);
+    while at < end {
+        let n = (end - at).min(1 << 30);
         dev.device.local(
             LocalCommand::Trim,
             base + at,
@@ -580,7 +579,7 @@ unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_in
                     }
                     old
                 };
-                if size < old && trim_from(dev, *kind, size).is_err() {
+                if size < old && trim_from(dev, *kind, size, old).is_err() {
                     return ffi::SQLITE_IOERR_TRUNCATE;
                 }
                 ffi::SQLITE_OK
@@ -920,17 +919,19 @@ unsafe extern "C" fn x_delete(
         let Some((kind, dev)) = named(name) else {
             return ffi::SQLITE_IOERR_DELETE_NOENT;
         };
-        {
+        let old = {
             let mut t = lock(&dev.table);
             let meta = &mut t.files[kind as usize];
             if !meta.exists {
                 return ffi::SQLITE_IOERR_DELETE_NOENT;
             }
+            let old = meta.size_bytes;
             *meta = FileMeta::default();
             t.dirty = true;
-        }
+            old
+        };
         // A deleted file's pages are free, as a file system with discard says.
-        if trim_from(&dev, kind, 0).is_err() {
+        if trim_from(&dev, kind, 0, old).is_err() {
             return ffi::SQLITE_IOERR_DELETE;
         }
         let done = if sync_dir != 0 {
