@@ -40,6 +40,9 @@ pub struct SqliteBenchArgs {
     /// Seed of the workload's choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The page store's codec under the device: none (the pages as they are), lz4, zstd[:LEVEL].
+    #[arg(long, default_value = "none")]
+    codec: String,
     /// Write the results (each mode's device report included) as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -68,7 +71,9 @@ impl Rng {
 }
 
 fn text(rng: &mut Rng, bytes: usize) -> String {
-    const WORDS: [&str; 8] = ["alpha", "beta", "gamma", "delta", "flash", "page", "block", "erase"];
+    const WORDS: [&str; 8] = [
+        "alpha", "beta", "gamma", "delta", "flash", "page", "block", "erase",
+    ];
     let mut s = String::with_capacity(bytes + 8);
     while s.len() < bytes {
         s.push_str(WORDS[(rng.next() % 8) as usize]);
@@ -93,7 +98,10 @@ fn workload(
 ) -> Result<Run> {
     c.execute_batch(&format!("PRAGMA page_size={}", args.page_size))?;
     let got: String = c.query_row(&format!("PRAGMA journal_mode={mode}"), [], |r| r.get(0))?;
-    anyhow::ensure!(got == mode, "journal_mode {mode} was refused (SQLite kept {got})");
+    anyhow::ensure!(
+        got == mode,
+        "journal_mode {mode} was refused (SQLite kept {got})"
+    );
     c.execute_batch(&format!("PRAGMA synchronous={}", args.synchronous))?;
     c.execute_batch(SCHEMA)?;
     let mut rng = Rng(args.seed);
@@ -102,16 +110,16 @@ fn workload(
     if stocked == 0 {
         c.execute_batch("BEGIN")?;
         {
-            let mut insert = c.prepare("INSERT INTO stock(item, quantity, data) VALUES (?1, ?2, ?3)")?;
+            let mut insert =
+                c.prepare("INSERT INTO stock(item, quantity, data) VALUES (?1, ?2, ?3)")?;
             for item in 0..ITEMS {
                 insert.execute((item, 100, text(&mut rng, 60)))?;
             }
         }
         c.execute_batch("INSERT INTO commits VALUES (0); COMMIT")?;
     }
-    let mut insert = c.prepare(
-        "INSERT INTO orders(customer, item, amount, note) VALUES (?1, ?2, ?3, ?4)",
-    )?;
+    let mut insert =
+        c.prepare("INSERT INTO orders(customer, item, amount, note) VALUES (?1, ?2, ?3, ?4)")?;
     let mut update = c.prepare("UPDATE stock SET quantity = quantity - ?2 WHERE item = ?1")?;
     let mut by_customer = c.prepare("SELECT sum(amount) FROM orders WHERE customer = ?1")?;
     let mut delete = c.prepare("DELETE FROM orders WHERE id = (SELECT min(id) FROM orders)")?;
@@ -129,7 +137,9 @@ fn workload(
         for _ in 0..5 {
             let customer = (rng.next() % CUSTOMERS) as i64;
             let sum: Option<i64> = by_customer.query_row([customer], |r| r.get(0))?;
-            digest = digest.wrapping_mul(31).wrapping_add(sum.unwrap_or(0) as u64);
+            digest = digest
+                .wrapping_mul(31)
+                .wrapping_add(sum.unwrap_or(0) as u64);
         }
         if t % 4 == 3 {
             delete.execute([])?;
@@ -142,7 +152,10 @@ fn workload(
     let total: i64 = c.query_row("SELECT sum(quantity) FROM stock", [], |r| r.get(0))?;
     digest = digest.wrapping_mul(31).wrapping_add(total as u64);
     let check: String = c.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
-    anyhow::ensure!(check == "ok", "integrity_check after the {mode} run: {check}");
+    anyhow::ensure!(
+        check == "ok",
+        "integrity_check after the {mode} run: {check}"
+    );
     Ok(Run {
         seconds,
         transactions: args.transactions,
@@ -161,13 +174,15 @@ fn tmpfs_dir() -> PathBuf {
 }
 
 pub fn run(args: SqliteBenchArgs) -> Result<()> {
-    ftlab_sqlite::register().map_err(|rc| anyhow::anyhow!("registering the VFS: SQLite error {rc}"))?;
+    ftlab_sqlite::register()
+        .map_err(|rc| anyhow::anyhow!("registering the VFS: SQLite error {rc}"))?;
     anyhow::ensure!(
         args.page_size.is_power_of_two() && (512..=65536).contains(&args.page_size),
         "--page-size {}: a power of two from 512 to 65536",
         args.page_size
     );
     anyhow::ensure!(args.transactions >= 1, "--transactions: at least 1");
+    ftlab_store::codec::Codec::parse(&args.codec).map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
     let modes: Vec<&str> = if args.journal_mode == "all" {
         anyhow::ensure!(
             args.device.is_none(),
@@ -179,10 +194,11 @@ pub fn run(args: SqliteBenchArgs) -> Result<()> {
     };
     if !args.log_commits {
         println!(
-            "ftlab sqlite-bench: {} transactions (10 inserts, 10 updates, 5 indexed reads, a delete every 4th), page size {}, synchronous={}, FTL model on (femu preset), no emulated latency; baseline: the default VFS on a file in {}",
+            "ftlab sqlite-bench: {} transactions (10 inserts, 10 updates, 5 indexed reads, a delete every 4th), page size {}, synchronous={}, FTL model on (femu preset), no emulated latency, page store codec {}; baseline: the default VFS on a file in {}",
             args.transactions,
             args.page_size,
             args.synchronous,
+            args.codec,
             tmpfs_dir().display()
         );
         println!("| journal mode | ftlab tx/s | tmpfs tx/s | ftlab / tmpfs | host write pages | flash write pages | WAF | flushes | host pages / tx | write p99 us (sim) | results equal |");
@@ -197,8 +213,12 @@ pub fn run(args: SqliteBenchArgs) -> Result<()> {
             None => format!("sqlite-bench-{}-{i}.db", std::process::id()),
         };
         let uri = match &args.device {
-            Some(dir) => format!("file:{name}?vfs=ftlab&device={}", dir.display()),
-            None => format!("file:{name}?vfs=ftlab"),
+            Some(dir) => format!(
+                "file:{name}?vfs=ftlab&codec={}&device={}",
+                args.codec,
+                dir.display()
+            ),
+            None => format!("file:{name}?vfs=ftlab&codec={}", args.codec),
         };
         let c = Connection::open_with_flags(
             &uri,
@@ -229,7 +249,8 @@ pub fn run(args: SqliteBenchArgs) -> Result<()> {
         } else {
             let path = tmpfs_dir().join(format!("ftlab-{name}"));
             let _ = std::fs::remove_file(&path);
-            let c = Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            let c =
+                Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
             let run = workload(&c, mode, &args, |_| {});
             drop(c);
             for suffix in ["", "-journal", "-wal", "-shm"] {

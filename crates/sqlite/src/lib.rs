@@ -1,7 +1,9 @@
 //! A SQLite VFS that keeps a database on an ftlab device, in-process: the FTL model in front of
 //! the compressed page store, or of a durable device directory (`serve --data`'s log). Open
 //! `file:app.db?vfs=ftlab&device=DIR` (or without `device`: a device in memory, shared by the
-//! process's connections to that name while one is open) after [`register`].
+//! process's connections to that name while one is open) after [`register`]. Other URI
+//! parameters: `size=` (the device's logical bytes, with K/M/G; 1G), `codec=` (the page store's:
+//! none, lz4, zstd[:LEVEL]; none).
 //!
 //! The device has no file system, so the VFS lays one out, as small as SQLite needs: page 0
 //! holds the table of files (the database's name; whether the database, its rollback journal
@@ -10,13 +12,17 @@
 //! Logical space costs nothing until written, so the ranges are generous. A SQLite page write
 //! is a device write of those bytes (never the whole file); xSync writes the table when it
 //! changed, then FLUSHes the device, as fsync makes a file's size durable with its data; a
-//! deleted journal is trimmed. Temporary files (sort spills, statement journals) stay in
-//! process memory.
+//! deleted journal is trimmed. Between SQLite and the device sits a page cache, as a kernel's
+//! does (`cache.rs`): writes reach the device at xSync, in whole pages. Temporary files (sort
+//! spills, statement journals) stay in process memory.
 //!
 //! Locks are this process's: the database's five-level lock in a mutex per device, WAL's
 //! shared memory in process memory (`xShmMap`), with its eight locks beside it. Another process
 //! opening the same device directory is not guarded against (the device is one process's).
 
+mod cache;
+
+use cache::{PageCache, PAGE_BYTES};
 use ftlab_server::{Device, DeviceOptions, LocalCommand};
 use rusqlite::ffi;
 use std::collections::HashMap;
@@ -32,6 +38,12 @@ pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
 const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 16] = b"ftlab-sqlite\0\0\0\x01";
 const SECTOR_BYTES: c_int = 4096;
+/// The page cache's clean pages (64 MiB), and the dirty pages that make it write back before
+/// an xSync asks (16 MiB, for `synchronous=off`).
+const CACHE_PAGES: usize = 16 << 10;
+const WRITEBACK_PAGES: usize = 4 << 10;
+/// The longest write the cache sends (1 MiB).
+const RUN_PAGES: usize = 256;
 
 /// The files of a database that live on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +139,7 @@ pub struct Dev {
     dir: Option<PathBuf>,
     capacity_bytes: u64,
     table: Mutex<Table>,
+    cache: Mutex<PageCache>,
     lock: Mutex<LockState>,
     shm: Mutex<Shm>,
 }
@@ -136,7 +149,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Dev {
-    fn open(dir: Option<PathBuf>, size_bytes: u64) -> Result<Dev, String> {
+    fn open(
+        dir: Option<PathBuf>,
+        size_bytes: u64,
+        codec: ftlab_store::codec::Codec,
+    ) -> Result<Dev, String> {
         let mut builder =
             ftlab_core::config::ConfigBuilder::from_preset("femu").map_err(|e| e.to_string())?;
         builder
@@ -149,7 +166,7 @@ impl Dev {
                 export_name: "sqlite".into(),
                 exports: Vec::new(),
                 latency: ftlab_server::Latency::None,
-                codec: ftlab_store::codec::Codec::Lz4,
+                codec,
                 record: None,
                 record_format: ftlab_server::RecordFormat::Nbdkit,
                 mem_limit_bytes: None,
@@ -170,6 +187,7 @@ impl Dev {
             dir,
             capacity_bytes,
             table: Mutex::default(),
+            cache: Mutex::new(PageCache::new(CACHE_PAGES)),
             lock: Mutex::default(),
             shm: Mutex::default(),
         };
@@ -205,7 +223,123 @@ impl Dev {
         Ok(())
     }
 
+    /// Reads `buf.len()` bytes of a file from `offset`, through the cache.
+    fn read(&self, kind: Kind, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        let (base, _) = self.range(kind);
+        let mut cache = lock(&self.cache);
+        let first = offset / PAGE_BYTES;
+        let end = (offset + buf.len() as u64).div_ceil(PAGE_BYTES);
+        // Missing pages, read from the device in runs.
+        let mut index = first;
+        while index < end {
+            if cache.get((kind as u8, index)).is_some() {
+                index += 1;
+                continue;
+            }
+            let mut run_end = index + 1;
+            while run_end < end && cache.get((kind as u8, run_end)).is_none() {
+                run_end += 1;
+            }
+            let mut bytes = Vec::new();
+            self.device.local(
+                LocalCommand::Read,
+                base + index * PAGE_BYTES,
+                &[],
+                ((run_end - index) * PAGE_BYTES) as u32,
+                &mut bytes,
+            )?;
+            for (i, page) in bytes.chunks_exact(PAGE_BYTES as usize).enumerate() {
+                cache.insert_clean((kind as u8, index + i as u64), page.into());
+            }
+            index = run_end;
+        }
+        let mut at = 0;
+        for index in first..end {
+            let page_start = index * PAGE_BYTES;
+            let from = offset.max(page_start) - page_start;
+            let to = (offset + buf.len() as u64).min(page_start + PAGE_BYTES) - page_start;
+            let n = (to - from) as usize;
+            let page = cache
+                .get((kind as u8, index))
+                .expect("read in above (a clean page is shed only when inserting)");
+            buf[at..at + n].copy_from_slice(&page[from as usize..to as usize]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` into a file at `offset`, through the cache; `size_bytes` is the file's
+    /// size before (pages wholly past it need not be read).
+    fn write(&self, kind: Kind, offset: u64, data: &[u8], size_bytes: u64) -> Result<(), u32> {
+        let (base, _) = self.range(kind);
+        let mut at = 0usize;
+        let mut pos = offset;
+        let end = offset + data.len() as u64;
+        let dirty = {
+            let mut cache = lock(&self.cache);
+            while pos < end {
+                let index = pos / PAGE_BYTES;
+                let page_start = index * PAGE_BYTES;
+                let from = (pos - page_start) as usize;
+                let n = ((PAGE_BYTES as usize) - from).min((end - pos) as usize);
+                let key = (kind as u8, index);
+                if n == PAGE_BYTES as usize {
+                    cache.insert_dirty(key, data[at..at + n].into());
+                } else {
+                    if cache.get(key).is_none() {
+                        let page: Box<[u8]> = if page_start >= size_bytes {
+                            vec![0u8; PAGE_BYTES as usize].into()
+                        } else {
+                            let mut bytes = Vec::new();
+                            self.device.local(
+                                LocalCommand::Read,
+                                base + page_start,
+                                &[],
+                                PAGE_BYTES as u32,
+                                &mut bytes,
+                            )?;
+                            bytes.into()
+                        };
+                        cache.insert_dirty(key, page);
+                    }
+                    let page = cache.page_mut(key).expect("present");
+                    page[from..from + n].copy_from_slice(&data[at..at + n]);
+                }
+                at += n;
+                pos += n as u64;
+            }
+            cache.dirty_pages()
+        };
+        if dirty >= WRITEBACK_PAGES {
+            self.write_back()?;
+        }
+        Ok(())
+    }
+
+    /// Sends every dirty page to the device.
+    fn write_back(&self) -> Result<(), u32> {
+        let runs = lock(&self.cache).take_dirty(None, RUN_PAGES);
+        for run in runs {
+            let kind = match run.kind {
+                0 => Kind::Main,
+                1 => Kind::Journal,
+                _ => Kind::Wal,
+            };
+            let (base, _) = self.range(kind);
+            self.device.local(
+                LocalCommand::Write,
+                base + run.first * PAGE_BYTES,
+                &run.bytes,
+                0,
+                &mut Vec::new(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// What fsync does: the dirty pages, then the table (the files' sizes), then a FLUSH.
     fn flush(&self) -> Result<(), u32> {
+        self.write_back()?;
         self.write_table(&mut lock(&self.table))?;
         self.device
             .local(LocalCommand::Flush, 0, &[], 0, &mut Vec::new())
@@ -239,7 +373,12 @@ pub fn device_of(name: &str) -> Option<Arc<Dev>> {
     devices().get(name).and_then(Weak::upgrade)
 }
 
-fn open_dev(name: &str, dir: Option<PathBuf>, size_bytes: u64) -> Result<Arc<Dev>, String> {
+fn open_dev(
+    name: &str,
+    dir: Option<PathBuf>,
+    size_bytes: u64,
+    codec: ftlab_store::codec::Codec,
+) -> Result<Arc<Dev>, String> {
     let mut open = devices();
     open.retain(|_, d| d.strong_count() > 0);
     if let Some(dev) = open.get(name).and_then(Weak::upgrade) {
@@ -263,7 +402,7 @@ fn open_dev(name: &str, dir: Option<PathBuf>, size_bytes: u64) -> Result<Arc<Dev
             ));
         }
     }
-    let dev = Arc::new(Dev::open(dir, size_bytes)?);
+    let dev = Arc::new(Dev::open(dir, size_bytes, codec)?);
     open.insert(name.to_string(), Arc::downgrade(&dev));
     Ok(dev)
 }
@@ -279,8 +418,6 @@ enum FileState {
         shm_shared: u8,
         shm_exclusive: u8,
         shm_mapped: bool,
-        /// Reused for reads (no allocation per page).
-        scratch: Vec<u8>,
     },
     Memory {
         bytes: Vec<u8>,
@@ -362,7 +499,19 @@ unsafe extern "C" fn x_open(
                         None => return ffi::SQLITE_CANTOPEN,
                     },
                 };
-                match open_dev(&full, dir, size) {
+                // The page store's codec: none by default (memory as the database's size, no
+                // compression's CPU in what is measured); lz4 or zstd to hold more.
+                let codec = match param(c"codec") {
+                    None => ftlab_store::codec::Codec::None,
+                    Some(s) => match ftlab_store::codec::Codec::parse(&s) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            eprintln!("ftlab sqlite: {full}: codec={s}: {e}");
+                            return ffi::SQLITE_CANTOPEN;
+                        }
+                    },
+                };
+                match open_dev(&full, dir, size, codec) {
                     Ok(d) => d,
                     Err(e) => {
                         eprintln!("ftlab sqlite: {full}: {e}");
@@ -402,7 +551,6 @@ unsafe extern "C" fn x_open(
                 shm_shared: 0,
                 shm_exclusive: 0,
                 shm_mapped: false,
-                scratch: Vec::new(),
             }
         };
         let f = file as *mut File;
@@ -464,22 +612,11 @@ unsafe extern "C" fn x_read(
                     ffi::SQLITE_OK
                 }
             }
-            FileState::Device {
-                dev, kind, scratch, ..
-            } => {
+            FileState::Device { dev, kind, .. } => {
                 let size = lock(&dev.table).files[*kind as usize].size_bytes;
                 let have = size.saturating_sub(offset).min(buf.len() as u64) as usize;
-                if have > 0 {
-                    let (base, _) = dev.range(*kind);
-                    scratch.clear();
-                    if dev
-                        .device
-                        .local(LocalCommand::Read, base + offset, &[], have as u32, scratch)
-                        .is_err()
-                    {
-                        return ffi::SQLITE_IOERR_READ;
-                    }
-                    buf[..have].copy_from_slice(&scratch[..have]);
+                if have > 0 && dev.read(*kind, offset, &mut buf[..have]).is_err() {
+                    return ffi::SQLITE_IOERR_READ;
                 }
                 buf[have..].fill(0);
                 if have < buf.len() {
@@ -513,15 +650,12 @@ unsafe extern "C" fn x_write(
                 ffi::SQLITE_OK
             }
             FileState::Device { dev, kind, .. } => {
-                let (base, room) = dev.range(*kind);
+                let (_, room) = dev.range(*kind);
                 if end > room {
                     return ffi::SQLITE_FULL;
                 }
-                if dev
-                    .device
-                    .local(LocalCommand::Write, base + offset, data, 0, &mut Vec::new())
-                    .is_err()
-                {
+                let size = lock(&dev.table).files[*kind as usize].size_bytes;
+                if dev.write(*kind, offset, data, size).is_err() {
                     return ffi::SQLITE_IOERR_WRITE;
                 }
                 let mut t = lock(&dev.table);
@@ -579,8 +713,18 @@ unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_in
                     }
                     old
                 };
-                if size < old && trim_from(dev, *kind, size, old).is_err() {
-                    return ffi::SQLITE_IOERR_TRUNCATE;
+                if size < old {
+                    let kept = size.div_ceil(PAGE_BYTES);
+                    lock(&dev.cache).forget_from(*kind as u8, kept);
+                    // The bytes past the end in the last page kept read as zeros if the file
+                    // grows again.
+                    let tail = (kept * PAGE_BYTES - size) as usize;
+                    if tail > 0 && dev.write(*kind, size, &vec![0u8; tail], old).is_err() {
+                        return ffi::SQLITE_IOERR_TRUNCATE;
+                    }
+                    if trim_from(dev, *kind, size, old).is_err() {
+                        return ffi::SQLITE_IOERR_TRUNCATE;
+                    }
                 }
                 ffi::SQLITE_OK
             }
@@ -930,6 +1074,7 @@ unsafe extern "C" fn x_delete(
             t.dirty = true;
             old
         };
+        lock(&dev.cache).forget_from(kind as u8, 0);
         // A deleted file's pages are free, as a file system with discard says.
         if trim_from(&dev, kind, 0, old).is_err() {
             return ffi::SQLITE_IOERR_DELETE;

@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Codec {
+    /// No compression: every page not filled with one word is kept as it is (zram's huge
+    /// pages). For measuring the FTL model without the codec's CPU.
+    None,
     Lz4,
     Zstd {
         level: i32,
@@ -36,17 +39,19 @@ impl Codec {
             return Err(format!("zstd level {level} is outside 1..=22"));
         }
         match name {
+            "none" => Ok(Codec::None),
             "lz4" => Ok(Codec::Lz4),
             "zstd" => Ok(Codec::Zstd { level }),
             "zstd-dict" => Ok(Codec::ZstdDict { level }),
             other => Err(format!(
-                "unknown codec `{other}` (lz4, zstd[:LEVEL], zstd-dict[:LEVEL])"
+                "unknown codec `{other}` (none, lz4, zstd[:LEVEL], zstd-dict[:LEVEL])"
             )),
         }
     }
 
     pub fn name(&self) -> String {
         match self {
+            Codec::None => "none".into(),
             Codec::Lz4 => "lz4".into(),
             Codec::Zstd { level } => format!("zstd:{level}"),
             Codec::ZstdDict { level } => format!("zstd-dict:{level}"),
@@ -113,6 +118,10 @@ pub fn compress(
     out: &mut Vec<u8>,
 ) -> Result<(Encoding, usize), CodecError> {
     match codec {
+        // The store keeps every page raw under `none` and never asks.
+        Codec::None => Err(CodecError::Lz4(
+            "the codec `none` compresses nothing".into(),
+        )),
         Codec::Lz4 => {
             let bound = lz4_flex::block::get_maximum_output_size(page.len());
             if out.len() < bound {

@@ -526,17 +526,18 @@ impl<B: RecordBackend> PageStore<B> {
             let spacing = (streak / RAW_STREAK_PROBE)
                 .checked_ilog2()
                 .map_or(1, |log| (1 << log).min(MAX_PROBE_SPACING));
-            let probe_says_raw = streak >= RAW_STREAK_PROBE
-                && (!streak.is_multiple_of(spacing) || {
-                    let (_, n) = codec::compress(
-                        self.config.codec,
-                        dictionary.as_ref(),
-                        &page[..PROBE_BYTES],
-                        &mut out,
-                    )
-                    .map_err(|reason| StoreError::Codec { lpn, reason })?;
-                    n >= PROBE_BYTES - PROBE_BYTES / 32
-                });
+            let probe_says_raw = self.config.codec == Codec::None
+                || streak >= RAW_STREAK_PROBE
+                    && (!streak.is_multiple_of(spacing) || {
+                        let (_, n) = codec::compress(
+                            self.config.codec,
+                            dictionary.as_ref(),
+                            &page[..PROBE_BYTES],
+                            &mut out,
+                        )
+                        .map_err(|reason| StoreError::Codec { lpn, reason })?;
+                        n >= PROBE_BYTES - PROBE_BYTES / 32
+                    });
             let compressed = if probe_says_raw {
                 None
             } else {
