@@ -43,6 +43,9 @@ pub struct SqliteBenchArgs {
     /// The page store's codec under the device: none (the pages as they are), lz4, zstd[:LEVEL].
     #[arg(long, default_value = "none")]
     codec: String,
+    /// Runs of each side per journal mode, alternating (medians); one with --device.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// Write the results (each mode's device report included) as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -173,6 +176,67 @@ fn tmpfs_dir() -> PathBuf {
     }
 }
 
+/// One run through the ftlab VFS on a fresh device (or `--device`): the run and the device's
+/// report as it ended.
+fn run_ftlab(
+    mode: &str,
+    args: &SqliteBenchArgs,
+    i: usize,
+    round: u32,
+) -> Result<(Run, serde_json::Value)> {
+    // A name of its own per run: each on a fresh in-memory device. A durable device keeps its
+    // database's name (reopened by the next run).
+    let name = match &args.device {
+        Some(_) => "bench.db".to_string(),
+        None => format!("sqlite-bench-{}-{i}-{round}.db", std::process::id()),
+    };
+    let uri = match &args.device {
+        Some(dir) => format!(
+            "file:{name}?vfs=ftlab&codec={}&device={}",
+            args.codec,
+            dir.display()
+        ),
+        None => format!("file:{name}?vfs=ftlab&codec={}", args.codec),
+    };
+    let c = Connection::open_with_flags(
+        &uri,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .with_context(|| format!("opening {uri}"))?;
+    let log = args.log_commits;
+    let run = workload(&c, mode, args, |n| {
+        if log {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "committed {n}");
+            let _ = out.flush();
+        }
+    })?;
+    let report = ftlab_sqlite::device_of(&name)
+        .context("the device closed early")?
+        .device()
+        .stats_json();
+    Ok((run, report))
+}
+
+/// One run with the default VFS on a file in tmpfs.
+fn run_baseline(mode: &str, args: &SqliteBenchArgs, i: usize, round: u32) -> Result<Run> {
+    let path = tmpfs_dir().join(format!(
+        "ftlab-sqlite-bench-{}-{i}-{round}.db",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let c = Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let run = workload(&c, mode, args, |_| {});
+    drop(c);
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    run
+}
+
 pub fn run(args: SqliteBenchArgs) -> Result<()> {
     ftlab_sqlite::register()
         .map_err(|rc| anyhow::anyhow!("registering the VFS: SQLite error {rc}"))?;
@@ -194,101 +258,83 @@ pub fn run(args: SqliteBenchArgs) -> Result<()> {
     };
     if !args.log_commits {
         println!(
-            "ftlab sqlite-bench: {} transactions (10 inserts, 10 updates, 5 indexed reads, a delete every 4th), page size {}, synchronous={}, FTL model on (femu preset), no emulated latency, page store codec {}; baseline: the default VFS on a file in {}",
+            "ftlab sqlite-bench: {} transactions (10 inserts, 10 updates, 5 indexed reads, a delete every 4th), page size {}, synchronous={}, FTL model on (femu preset), no emulated latency, page store codec {}; baseline: the default VFS on a file in {}; tx/s are medians of {} alternating runs",
             args.transactions,
             args.page_size,
             args.synchronous,
             args.codec,
-            tmpfs_dir().display()
+            tmpfs_dir().display(),
+            if args.device.is_some() { 1 } else { args.repeat }
         );
         println!("| journal mode | ftlab tx/s | tmpfs tx/s | ftlab / tmpfs | host write pages | flash write pages | WAF | flushes | host pages / tx | write p99 us (sim) | results equal |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
     }
     let mut json_rows = Vec::new();
+    let rounds = if args.device.is_some() || args.log_commits {
+        1
+    } else {
+        args.repeat
+    };
     for (i, mode) in modes.iter().enumerate() {
-        // A name of its own per mode: each runs on a fresh in-memory device.
-        // A durable device keeps its database's name (reopened by the next run).
-        let name = match &args.device {
-            Some(_) => "bench.db".to_string(),
-            None => format!("sqlite-bench-{}-{i}.db", std::process::id()),
-        };
-        let uri = match &args.device {
-            Some(dir) => format!(
-                "file:{name}?vfs=ftlab&codec={}&device={}",
-                args.codec,
-                dir.display()
-            ),
-            None => format!("file:{name}?vfs=ftlab&codec={}", args.codec),
-        };
-        let c = Connection::open_with_flags(
-            &uri,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_URI,
-        )
-        .with_context(|| format!("opening {uri}"))?;
-        let log = args.log_commits;
-        let ftlab = workload(&c, mode, &args, |n| {
-            if log {
-                use std::io::Write;
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "committed {n}");
-                let _ = out.flush();
+        let mut ftlab_tps = Vec::new();
+        let mut baseline_tps = Vec::new();
+        let mut last = None;
+        for round in 0..rounds {
+            // The baseline first every other round: neither side always runs on a warmer
+            // machine.
+            let baseline_first = round % 2 == 1;
+            let mut baseline = None;
+            if baseline_first && !args.no_baseline {
+                baseline = Some(run_baseline(mode, &args, i, round)?);
             }
-        })?;
-        let report = ftlab_sqlite::device_of(&name)
-            .context("the device closed early")?
-            .device()
-            .stats_json();
-        drop(c);
-        if log {
-            continue;
+            let (ftlab, report) = run_ftlab(mode, &args, i, round)?;
+            if args.log_commits {
+                break;
+            }
+            if !baseline_first && !args.no_baseline {
+                baseline = Some(run_baseline(mode, &args, i, round)?);
+            }
+            if let Some(b) = &baseline {
+                anyhow::ensure!(
+                    b.digest == ftlab.digest,
+                    "{mode}: the workload's results differ between the ftlab VFS and the default VFS"
+                );
+                baseline_tps.push(b.transactions as f64 / b.seconds.max(1e-9));
+            }
+            ftlab_tps.push(ftlab.transactions as f64 / ftlab.seconds.max(1e-9));
+            last = Some((ftlab, baseline, report));
         }
-        let baseline = if args.no_baseline {
-            None
-        } else {
-            let path = tmpfs_dir().join(format!("ftlab-{name}"));
-            let _ = std::fs::remove_file(&path);
-            let c =
-                Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            let run = workload(&c, mode, &args, |_| {});
-            drop(c);
-            for suffix in ["", "-journal", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            Some(run?)
+        let Some((ftlab, baseline, report)) = last else {
+            continue;
         };
-        let tps = |r: &Run| r.transactions as f64 / r.seconds.max(1e-9);
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let (f_tps, b_tps) = (
+            median(&mut ftlab_tps).unwrap_or(0.0),
+            median(&mut baseline_tps),
+        );
         let host = report["host_write_pages"].as_u64().unwrap_or(0);
         let nand = report["nand_write_pages"].as_u64().unwrap_or(0);
         let flushes = report["requests"]["flush"].as_u64().unwrap_or(0);
         let p99_us = report["latency_ns"]["write"]["p99"].as_f64().unwrap_or(0.0) / 1000.0;
         let waf = report["waf"].as_f64();
         println!(
-            "| {mode} | {:.0} | {} | {} | {host} | {nand} | {} | {flushes} | {:.1} | {p99_us:.1} | {} |",
-            tps(&ftlab),
-            baseline.as_ref().map_or("-".into(), |b| format!("{:.0}", tps(b))),
-            baseline
-                .as_ref()
-                .map_or("-".into(), |b| format!("{:.2}", tps(&ftlab) / tps(b))),
+            "| {mode} | {f_tps:.0} | {} | {} | {host} | {nand} | {} | {flushes} | {:.1} | {p99_us:.1} | {} |",
+            b_tps.map_or("-".into(), |b| format!("{b:.0}")),
+            b_tps.map_or("-".into(), |b| format!("{:.2}", f_tps / b)),
             waf.map_or("n/a".into(), |w| format!("{w:.2}")),
             host as f64 / args.transactions as f64,
-            baseline
-                .as_ref()
-                .map_or("-", |b| if b.digest == ftlab.digest { "yes" } else { "NO" }),
+            if baseline.is_some() { "yes" } else { "-" },
         );
-        if let Some(b) = &baseline {
-            anyhow::ensure!(
-                b.digest == ftlab.digest,
-                "{mode}: the workload's results differ between the ftlab VFS and the default VFS"
-            );
-        }
         json_rows.push(serde_json::json!({
             "journal_mode": mode,
             "page_size": args.page_size,
             "transactions": args.transactions,
-            "ftlab_seconds": ftlab.seconds,
-            "baseline_seconds": baseline.as_ref().map(|b| b.seconds),
+            "rounds": rounds,
+            "ftlab_tx_per_s": f_tps,
+            "baseline_tx_per_s": b_tps,
             "results_equal": baseline.as_ref().map(|b| b.digest == ftlab.digest),
             "device": report,
         }));

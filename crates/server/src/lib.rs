@@ -1471,7 +1471,9 @@ impl Device {
             offset,
             length,
         };
-        self.execute(&request, data, out, true, Target::default())
+        // Not `alone`: the caller's thread does the pages (a hand-off to the store's pool and
+        // back costs more than the pages of a SQLite write).
+        self.execute(&request, data, out, false, Target::default())
             .map(|_latency_ns| ())
     }
 

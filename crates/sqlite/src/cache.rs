@@ -7,7 +7,8 @@
 //! What an fsync would have made durable is all that survives a crash here, as with a
 //! power cut under a file system: SQLite's commit protocol syncs before it relies on anything.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeSet;
 
 pub const PAGE_BYTES: u64 = 4096;
 
