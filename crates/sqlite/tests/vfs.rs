@@ -170,6 +170,16 @@ fn connections_in_one_process_share_locks_and_the_wal() {
     b.busy_timeout(std::time::Duration::ZERO).unwrap();
     a.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
         .unwrap();
+    // RESERVED: one writer at a time, readers go on.
+    a.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let busy = b.execute_batch("BEGIN IMMEDIATE").unwrap_err();
+    assert!(busy.to_string().contains("locked"), "{busy}");
+    let seen: i64 = b
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(seen, 1);
+    a.execute_batch("COMMIT").unwrap();
+    // EXCLUSIVE: readers wait too.
     a.execute_batch("BEGIN EXCLUSIVE; INSERT INTO t VALUES (2);")
         .unwrap();
     let busy = b
