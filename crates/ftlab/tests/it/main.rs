@@ -9,6 +9,7 @@ mod invariants;
 mod mapping;
 mod readme;
 mod server;
+mod sqlite;
 mod store;
 mod support;
 mod sweep;
