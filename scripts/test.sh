@@ -13,6 +13,8 @@ command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 # RocksDB's db_bench for the FDP test (scripts/rocksdb-fdp.sh, its short version).
 command -v db_bench >/dev/null || need_apt+=(rocksdb-tools)
+# The sqlite3 shell loads the VFS as an extension (tests/it/tools.rs).
+command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
@@ -24,6 +26,12 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The SQLite extension is a workspace of its own (crates/sqlite-ext/Cargo.toml says why); built
+# here for tests/it/tools.rs, into the same target directory so it shares the workspace's deps.
+ext=(--manifest-path crates/sqlite-ext/Cargo.toml)
+cargo fmt "${ext[@]}" -- --check
+cargo clippy "${ext[@]}" --target-dir target -- -D warnings
+cargo build "${ext[@]}" --target-dir target
 # The API docs build without warnings (broken or private intra-doc links).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # A test that cannot run here appends its name and reason to this file (tests/it/support.rs,

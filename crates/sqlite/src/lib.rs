@@ -38,6 +38,8 @@ pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
 const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 16] = b"ftlab-sqlite\0\0\0\x01";
 const SECTOR_BYTES: c_int = 4096;
+/// sqlite3.h's, absent from the loadable extension's older bindings (it was MASTER_JOURNAL).
+const SQLITE_OPEN_SUPER_JOURNAL: c_int = 0x0000_4000;
 /// The page cache's clean pages (64 MiB), and the dirty pages that make it write back before
 /// an xSync asks (16 MiB, for `synchronous=off`).
 const CACHE_PAGES: usize = 16 << 10;
@@ -461,7 +463,7 @@ fn parse_size(s: &str) -> Option<u64> {
 
 unsafe extern "C" fn x_open(
     vfs: *mut ffi::sqlite3_vfs,
-    name: ffi::sqlite3_filename,
+    name: *const c_char,
     file: *mut ffi::sqlite3_file,
     flags: c_int,
     out_flags: *mut c_int,
@@ -472,7 +474,7 @@ unsafe extern "C" fn x_open(
             | ffi::SQLITE_OPEN_TEMP_JOURNAL
             | ffi::SQLITE_OPEN_SUBJOURNAL
             | ffi::SQLITE_OPEN_TRANSIENT_DB
-            | ffi::SQLITE_OPEN_SUPER_JOURNAL;
+            | SQLITE_OPEN_SUPER_JOURNAL;
         let state = if name.is_null() || flags & temporary != 0 {
             FileState::Memory { bytes: Vec::new() }
         } else {

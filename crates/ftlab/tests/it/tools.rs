@@ -1376,3 +1376,74 @@ fn tls_clients_are_known_by_their_certificates() {
         );
     }
 }
+
+/// The loadable extension (crates/sqlite-ext, built by the test command) in the sqlite3
+/// shell: `.load` it, open a database on a durable device directory, write in WAL mode, and a
+/// second shell process reads the rows back and integrity_check passes.
+#[test]
+fn the_loadable_extension_keeps_a_database_for_the_sqlite3_shell() {
+    let test = "the_loadable_extension_keeps_a_database_for_the_sqlite3_shell";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let extension = std::env::var_os("FTLAB_SQLITE_EXT")
+        .map(PathBuf::from)
+        .or_else(|| {
+            [
+                "target/debug/libftlab_vfs.so",
+                "target/release/libftlab_vfs.so",
+            ]
+            .iter()
+            .map(|p| root.join(p))
+            .find(|p| p.exists())
+        });
+    let Some(extension) = extension.filter(|_| have("sqlite3")) else {
+        skip(
+            test,
+            "sqlite3 or the extension missing (cargo build --manifest-path crates/sqlite-ext/Cargo.toml --target-dir target)",
+        );
+        return;
+    };
+    let dir = temp_dir("sqlite-ext");
+    let device = dir.join("dev");
+    let shell = |sql: &str| {
+        let script = format!(
+            ".bail on\n.load {}\n.open file:app.db?vfs=ftlab&device={}\n{sql}\n",
+            extension.with_extension("").display(),
+            device.display()
+        );
+        let mut child = Command::new("sqlite3")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let written = shell(
+        "PRAGMA journal_mode=wal;\nCREATE TABLE t(x, y);\n\
+         WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i<5000) \
+         INSERT INTO t SELECT i, hex(randomblob(64)) FROM c;\nSELECT count(*), sum(x) FROM t;",
+    );
+    assert!(
+        written.contains("wal") && written.contains("5000|12502500"),
+        "{written}"
+    );
+    let read = shell("SELECT count(*), sum(x) FROM t;\nPRAGMA integrity_check;");
+    assert!(
+        read.contains("5000|12502500") && read.contains("ok"),
+        "{read}"
+    );
+}
