@@ -40,7 +40,7 @@ pub struct ServeArgs {
     /// with --set ftl.streams=3.
     #[arg(long = "export", value_name = "SPEC", value_parser = parse_export)]
     exports: Vec<ftlab_server::ExportSpec>,
-    /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL]. zstd-dict trains its
+    /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL], none (pages as they are). zstd-dict trains its
     /// dictionaries (one for text pages, one for binary) by itself (a few seconds of one core,
     /// logged): first once 4096 pages are stored compressed (neither same-filled nor raw), then
     /// each time that count has doubled.
