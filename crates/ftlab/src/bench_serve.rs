@@ -33,6 +33,17 @@ fn wait_for(socket: &Path) -> Result<()> {
 
 /// (IOPS, MB/s) of one fio job.
 fn fio(uri: &str, rw: &str, bs: &str, iodepth: u32, size: u64, seconds: u32) -> Result<(f64, f64)> {
+    fio_job(uri, rw, bs, iodepth, size, seconds).map(|j| (j.iops, j.mb_per_s))
+}
+
+struct FioJob {
+    iops: f64,
+    mb_per_s: f64,
+    /// fio's own CPU (user + system) per I/O, in microseconds: the client's cost.
+    client_cpu_us_per_io: f64,
+}
+
+fn fio_job(uri: &str, rw: &str, bs: &str, iodepth: u32, size: u64, seconds: u32) -> Result<FioJob> {
     let out = Command::new("fio")
         .args([
             "--name=bench",
@@ -62,10 +73,35 @@ fn fio(uri: &str, rw: &str, bs: &str, iodepth: u32, size: u64, seconds: u32) -> 
     } else {
         &job["write"]
     };
-    Ok((
-        side["iops"].as_f64().unwrap_or(0.0),
-        side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
-    ))
+    let ios = side["total_ios"].as_f64().unwrap_or(0.0).max(1.0);
+    // Percent of one CPU over the job's run time (ms).
+    let cpu_pct = job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0);
+    let runtime_us = job["job_runtime"].as_f64().unwrap_or(0.0) * 1e3;
+    Ok(FioJob {
+        iops: side["iops"].as_f64().unwrap_or(0.0),
+        mb_per_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        client_cpu_us_per_io: cpu_pct / 100.0 * runtime_us / ios,
+    })
+}
+
+/// CPU time (user + system) a process has used, in microseconds (/proc/PID/stat).
+fn process_cpu_us(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name, which may hold spaces, closed by the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz * 1e6
 }
 
 /// The run with the median IOPS.
@@ -200,7 +236,8 @@ fn run_tls_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<
         .stderr(Stdio::null())
         .spawn()
         .context("starting ftlab serve")?;
-    let _server = Proc(child);
+    let server = Proc(child);
+    let server_pid = server.0.id();
     wait_for(&socket)?;
     let plain = format!("nbd+unix:///ftlab?socket={}", socket.display());
     let tls = format!(
@@ -212,8 +249,8 @@ fn run_tls_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<
     println!(
         "ftlab bench tls on {machine}: ftlab serve --tls allow (FTL on, --latency none), fio --ioengine=nbd plain and over TLS by turns, {seconds} s a job, 1 GiB export, {repeat} runs each (medians; per-run ratio range)"
     );
-    println!("| job | plain | TLS | TLS / plain | ratio range |");
-    println!("|---|---|---|---|---|");
+    println!("| job | plain | TLS | TLS / plain | ratio range | server CPU us/IO plain, TLS | client (fio) CPU us/IO plain, TLS |");
+    println!("|---|---|---|---|---|---|---|");
     for (name, rw, bs, qd) in [
         ("4 KiB randread QD1", "randread", "4k", 1),
         ("4 KiB randread QD32", "randread", "4k", 32),
@@ -221,24 +258,43 @@ fn run_tls_in(dir: &Path, machine: String, seconds: u32, repeat: u32) -> Result<
         ("1 MiB sequential read QD8", "read", "1m", 8),
     ] {
         let (mut p, mut t, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        // CPU per I/O: (server, client) for plain and for TLS, every run.
+        let (mut cpu_plain, mut cpu_tls) = (Vec::new(), Vec::new());
+        let measured = |uri: &str| -> Result<(FioJob, f64)> {
+            let before = process_cpu_us(server_pid);
+            let job = fio_job(uri, rw, bs, qd, size, seconds)?;
+            let server_us = process_cpu_us(server_pid) - before;
+            let ios = job.iops * seconds as f64;
+            Ok((job, server_us / ios.max(1.0)))
+        };
         for round in 0..repeat {
             // Which goes first alternates too: neither always runs on a warmer machine.
             let (a, b) = if round % 2 == 0 {
-                let a = fio(&plain, rw, bs, qd, size, seconds)?;
-                (a, fio(&tls, rw, bs, qd, size, seconds)?)
+                let a = measured(&plain)?;
+                (a, measured(&tls)?)
             } else {
-                let b = fio(&tls, rw, bs, qd, size, seconds)?;
-                (fio(&plain, rw, bs, qd, size, seconds)?, b)
+                let b = measured(&tls)?;
+                (measured(&plain)?, b)
             };
-            ratios.push(b.0 / a.0.max(1.0));
-            p.push(a);
-            t.push(b);
+            ratios.push(b.0.iops / a.0.iops.max(1.0));
+            cpu_plain.push((a.1, a.0.client_cpu_us_per_io));
+            cpu_tls.push((b.1, b.0.client_cpu_us_per_io));
+            p.push((a.0.iops, a.0.mb_per_s));
+            t.push((b.0.iops, b.0.mb_per_s));
         }
         let (pi, pb) = median(&mut p);
         let (ti, tb) = median(&mut t);
         ratios.sort_by(f64::total_cmp);
+        let mid = |v: &mut Vec<(f64, f64)>| {
+            let mut s: Vec<f64> = v.iter().map(|x| x.0).collect();
+            let mut c: Vec<f64> = v.iter().map(|x| x.1).collect();
+            s.sort_by(f64::total_cmp);
+            c.sort_by(f64::total_cmp);
+            (s[s.len() / 2], c[c.len() / 2])
+        };
+        let ((sp, cp), (st, ct)) = (mid(&mut cpu_plain), mid(&mut cpu_tls));
         println!(
-            "| {name} | {pi:.0} IOPS, {pb:.0} MB/s | {ti:.0} IOPS, {tb:.0} MB/s | {:.2} | {:.2}-{:.2} |",
+            "| {name} | {pi:.0} IOPS, {pb:.0} MB/s | {ti:.0} IOPS, {tb:.0} MB/s | {:.2} | {:.2}-{:.2} | {sp:.1}, {st:.1} | {cp:.1}, {ct:.1} |",
             ti / pi.max(1.0),
             ratios[0],
             ratios[ratios.len() - 1],

@@ -2,8 +2,8 @@
 //! the compressed page store, or of a durable device directory (`serve --data`'s log). Open
 //! `file:app.db?vfs=ftlab&device=DIR` (or without `device`: a device in memory, shared by the
 //! process's connections to that name while one is open) after [`register`]. Other URI
-//! parameters: `size=` (the device's logical bytes, with K/M/G; 1G), `codec=` (the page store's:
-//! none, lz4, zstd[:LEVEL]; none).
+//! parameters: `size=` (the device's logical bytes, with K/M/G; 1G), `op=` (spare flash beyond
+//! it, as a fraction; 0.07), `codec=` (the page store's: none, lz4, zstd[:LEVEL]; none).
 //!
 //! The device has no file system, so the VFS lays one out, as small as SQLite needs: page 0
 //! holds the table of files (the database's name; whether the database, its rollback journal
@@ -35,6 +35,8 @@ pub const VFS_NAME: &CStr = c"ftlab";
 /// Bytes of the device's logical space when `size=` is not given (a durable directory keeps
 /// the size it was made with).
 pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
+/// Spare flash beyond the logical size when `op=` is not given: a consumer drive's 7 %.
+pub const DEFAULT_OVER_PROVISIONING: f64 = 0.07;
 const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 16] = b"ftlab-sqlite\0\0\0\x01";
 const SECTOR_BYTES: c_int = 4096;
@@ -154,13 +156,31 @@ impl Dev {
     fn open(
         dir: Option<PathBuf>,
         size_bytes: u64,
+        over_provisioning: f64,
         codec: ftlab_store::codec::Codec,
     ) -> Result<Dev, String> {
         let mut builder =
             ftlab_core::config::ConfigBuilder::from_preset("femu").map_err(|e| e.to_string())?;
-        builder
-            .set(&format!("capacity.logical_bytes={size_bytes}"))
-            .map_err(|e| e.to_string())?;
+        // FEMU's flash has 16 GiB: under a database of a few MB, GC would never run and WAF
+        // would say nothing. The flash is cut to the device's size plus `over_provisioning`
+        // on 16 dies (FEMU's 64 would leave a few blocks each) of 1 MiB blocks.
+        let pages_per_block = 256u64;
+        let dies = 16u64;
+        let logical_pages = size_bytes.div_ceil(4096);
+        let blocks_per_die = ((logical_pages as f64 * (1.0 + over_provisioning))
+            / (dies * pages_per_block) as f64)
+            .ceil() as u64
+            // The superblocks the FTL keeps back for GC and its open frontiers.
+            + 4;
+        for set in [
+            format!("capacity.logical_bytes={size_bytes}"),
+            "flash.channels=8".to_string(),
+            "flash.dies_per_channel=2".to_string(),
+            format!("flash.pages_per_block={pages_per_block}"),
+            format!("flash.blocks_per_die={blocks_per_die}"),
+        ] {
+            builder.set(&set).map_err(|e| e.to_string())?;
+        }
         let config = builder.build_device().map_err(|e| e.to_string())?;
         let device = Device::new(
             &config,
@@ -379,6 +399,7 @@ fn open_dev(
     name: &str,
     dir: Option<PathBuf>,
     size_bytes: u64,
+    over_provisioning: f64,
     codec: ftlab_store::codec::Codec,
 ) -> Result<Arc<Dev>, String> {
     let mut open = devices();
@@ -404,7 +425,7 @@ fn open_dev(
             ));
         }
     }
-    let dev = Arc::new(Dev::open(dir, size_bytes, codec)?);
+    let dev = Arc::new(Dev::open(dir, size_bytes, over_provisioning, codec)?);
     open.insert(name.to_string(), Arc::downgrade(&dev));
     Ok(dev)
 }
@@ -513,7 +534,17 @@ unsafe extern "C" fn x_open(
                         }
                     },
                 };
-                match open_dev(&full, dir, size, codec) {
+                let over_provisioning = match param(c"op") {
+                    None => DEFAULT_OVER_PROVISIONING,
+                    Some(s) => match s.parse::<f64>() {
+                        Ok(op) if (0.02..=4.0).contains(&op) => op,
+                        _ => {
+                            eprintln!("ftlab sqlite: {full}: op={s}: a fraction from 0.02 to 4");
+                            return ffi::SQLITE_CANTOPEN;
+                        }
+                    },
+                };
+                match open_dev(&full, dir, size, over_provisioning, codec) {
                     Ok(d) => d,
                     Err(e) => {
                         eprintln!("ftlab sqlite: {full}: {e}");
