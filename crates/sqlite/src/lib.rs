@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 /// The name to open databases with: `file:NAME?vfs=ftlab&device=DIR`.
 pub const VFS_NAME: &CStr = c"ftlab";
-/// Bytes of the device's logical space when `size=` is not given (a durable directory keeps
-/// the size it was made with).
+/// Bytes of the device's logical space when `size=` is not given. A durable directory is
+/// reopened with the `size=` and `op=` it was made with (another geometry is refused).
 pub const DEFAULT_DEVICE_BYTES: u64 = 1 << 30;
 /// Spare flash beyond the logical size when `op=` is not given: a consumer drive's 7 %.
 pub const DEFAULT_OVER_PROVISIONING: f64 = 0.07;

@@ -57,7 +57,10 @@ fn a_killed_sqlite_process_keeps_every_committed_transaction() {
             printed += last;
         }
         let c = Connection::open_with_flags(
-            format!("file:bench.db?vfs=ftlab&device={}", device.display()),
+            format!(
+                "file:bench.db?vfs=ftlab&size=128M&device={}",
+                device.display()
+            ),
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_URI,
         )
         .unwrap();
