@@ -144,6 +144,13 @@ ftlab policy check policy.toml --action list --export db          # an anonymous
         #[arg(long)]
         export: String,
     },
+    /// Make the server running on a durable directory (`serve --data DIR --policy FILE`) read
+    /// its policy file again, through its control socket (as SIGHUP does): checked whole first,
+    /// a refused file leaves the old policy in force and the error is printed (exit 1).
+    Reload {
+        /// The served device directory.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -514,6 +521,9 @@ fn main() {
                     export,
                 },
         } => policy_check(&file, principals, &action, &export),
+        Command::Policy {
+            command: PolicyCommand::Reload { dir },
+        } => volumes_cmd::reload_policy(&dir),
         Command::TlsCerts(args) => tls_certs::run(args),
         Command::SqliteBench(args) => sqlite_bench::run(args),
         Command::Presets => {

@@ -446,7 +446,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         });
     }
     if let Some(dir) = args.data.as_ref().filter(|_| !args.read_only) {
-        let control = crate::volumes_cmd::spawn_control(device.clone(), dir, stop.clone())?;
+        let control = crate::volumes_cmd::spawn_control(
+            device.clone(),
+            dir,
+            args.policy.clone(),
+            stop.clone(),
+        )?;
         eprintln!(
             "ftlab serve: snapshots and clones: `ftlab snapshot create {} NAME` (control socket {})",
             dir.display(),
@@ -485,7 +490,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         }
         if reload.swap(false, Ordering::SeqCst) {
-            reload_policy(&device, args.policy.as_deref().expect("only with --policy"));
+            let _ = reload_policy(&device, args.policy.as_deref().expect("only with --policy"));
         }
         let mut idle = true;
         connections.retain(|c| !c.thread.is_finished());
@@ -700,8 +705,9 @@ fn tls_setup(args: &ServeArgs) -> anyhow::Result<Option<Arc<ftlab_server::tls::T
     )?)))
 }
 
-/// Checks the policy file again and puts it in force, or says why not and keeps the old one.
-fn reload_policy(device: &Device, path: &Path) {
+/// Checks the policy file again and puts it in force (its statement count), or says why not
+/// and keeps the old one. SIGHUP and the control socket's `reload-policy` both come here.
+pub(crate) fn reload_policy(device: &Device, path: &Path) -> Result<usize, String> {
     match ftlab_server::policy::Policy::load(path) {
         Ok(p) => {
             let statements = p.statements.len();
@@ -714,6 +720,7 @@ fn reload_policy(device: &Device, path: &Path) {
                 "ftlab serve: {}: policy reloaded ({statements} statements)",
                 path.display()
             );
+            Ok(statements)
         }
         Err(e) => {
             device.audit(
@@ -721,6 +728,7 @@ fn reload_policy(device: &Device, path: &Path) {
                 serde_json::json!({"file": path.display().to_string(), "reason": e.to_string()}),
             );
             eprintln!("ftlab serve: policy not reloaded, the old one stays: {e}");
+            Err(format!("not reloaded, the old policy stays: {e}"))
         }
     }
 }

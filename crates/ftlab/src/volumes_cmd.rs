@@ -79,6 +79,8 @@ enum Control {
         name: String,
     },
     List,
+    /// Read the `--policy` file again (checked whole first), as SIGHUP does.
+    ReloadPolicy,
 }
 
 impl Control {
@@ -91,6 +93,7 @@ impl Control {
             ),
             Control::Delete { name } => format!("delete {name}"),
             Control::List => "list".into(),
+            Control::ReloadPolicy => "reload-policy".into(),
         }
     }
 
@@ -98,6 +101,7 @@ impl Control {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words[..] {
             ["list"] => Ok(Control::List),
+            ["reload-policy"] => Ok(Control::ReloadPolicy),
             ["delete", name] => Ok(Control::Delete { name: name.into() }),
             ["create", name, kind] | ["create", name, kind, _] => Ok(Control::Create {
                 name: name.into(),
@@ -109,7 +113,7 @@ impl Control {
                 from: words.get(3).map(|s| s.to_string()),
             }),
             _ => Err(format!(
-                "`{}`: the requests are `create NAME snapshot|clone [FROM]`, `delete NAME`, `list`",
+                "`{}`: the requests are `create NAME snapshot|clone [FROM]`, `delete NAME`, `list`, `reload-policy`",
                 line.chars().take(80).collect::<String>()
             )),
         }
@@ -120,17 +124,28 @@ impl Control {
 /// allows (snapshot actions are audited whether they succeed or not); the reply's JSON.
 fn execute(
     device: &Device,
+    policy: Option<&Path>,
     principal: &ftlab_server::policy::Principal,
     c: &Control,
 ) -> serde_json::Value {
     let started = Instant::now();
+    if matches!(c, Control::ReloadPolicy) {
+        // The socket is its directory owner's only (mode 0600): who may edit the file.
+        let Some(path) = policy else {
+            return serde_json::json!({"ok": false, "error": "this server has no --policy file"});
+        };
+        return match crate::serve::reload_policy(device, path) {
+            Ok(statements) => serde_json::json!({"ok": true, "statements": statements}),
+            Err(e) => serde_json::json!({"ok": false, "error": e}),
+        };
+    }
     let (action, name) = match c {
         Control::Create { name, clone, .. } => (
             if *clone { "clone" } else { "snapshot.create" },
             name.as_str(),
         ),
         Control::Delete { name } => ("snapshot.delete", name.as_str()),
-        Control::List => ("list", ""),
+        Control::List | Control::ReloadPolicy => ("list", ""),
     };
     if !matches!(c, Control::List)
         && !device.allows(principal, action, &device.volume_export_name(name))
@@ -145,7 +160,7 @@ fn execute(
             .create_volume(from.as_deref(), name, *clone)
             .map(|_| ()),
         Control::Delete { name } => device.delete_volume(name),
-        Control::List => Ok(()),
+        Control::List | Control::ReloadPolicy => Ok(()),
     };
     if !matches!(c, Control::List) {
         device.audit(
@@ -172,7 +187,12 @@ fn execute(
 
 /// Listens on `DIR/control.sock` (mode 0600: the directory's owner only) until `stop`. A
 /// socket file left by a server that died is replaced; anything else at the path is refused.
-pub fn spawn_control(device: Arc<Device>, dir: &Path, stop: Arc<AtomicBool>) -> Result<PathBuf> {
+pub fn spawn_control(
+    device: Arc<Device>,
+    dir: &Path,
+    policy: Option<PathBuf>,
+    stop: Arc<AtomicBool>,
+) -> Result<PathBuf> {
     let path = control_path(dir);
     if let Ok(meta) = std::fs::symlink_metadata(&path) {
         use std::os::unix::fs::FileTypeExt;
@@ -200,7 +220,7 @@ pub fn spawn_control(device: Arc<Device>, dir: &Path, stop: Arc<AtomicBool>) -> 
         while !stop.load(Ordering::SeqCst) {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    if let Err(e) = answer(&device, stream) {
+                    if let Err(e) = answer(&device, policy.as_deref(), stream) {
                         eprintln!("ftlab serve: control socket: {e:#}");
                     }
                 }
@@ -213,7 +233,7 @@ pub fn spawn_control(device: Arc<Device>, dir: &Path, stop: Arc<AtomicBool>) -> 
 }
 
 /// One request and its reply; a slow or oversized client is cut off.
-fn answer(device: &Device, stream: UnixStream) -> Result<()> {
+fn answer(device: &Device, policy: Option<&Path>, stream: UnixStream) -> Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -222,8 +242,8 @@ fn answer(device: &Device, stream: UnixStream) -> Result<()> {
     let principal = crate::serve::unix_principal(&stream);
     let reply = match Control::parse(line.trim_end()) {
         Ok(c) => {
-            let reply = execute(device, &principal, &c);
-            if reply["ok"] == true && !matches!(c, Control::List) {
+            let reply = execute(device, policy, &principal, &c);
+            if reply["ok"] == true && !matches!(c, Control::List | Control::ReloadPolicy) {
                 eprintln!("ftlab serve: control: {}", c.line());
             }
             reply
@@ -283,6 +303,24 @@ fn print_volumes(volumes: &[ftlab_store::durable::VolumeInfo]) {
     }
 }
 
+/// `ftlab policy reload DIR`: the running server of `DIR` reads its `--policy` file again.
+pub fn reload_policy(dir: &Path) -> Result<()> {
+    let Some(reply) = send(dir, &Control::ReloadPolicy)? else {
+        anyhow::bail!(
+            "{}: no server answers (the control socket is there only while `ftlab serve --data {}` runs; without --data, send it SIGHUP)",
+            control_path(dir).display(),
+            dir.display()
+        );
+    };
+    anyhow::ensure!(
+        reply["ok"] == true,
+        "{}",
+        reply["error"].as_str().unwrap_or("refused")
+    );
+    println!("policy reloaded: {} statements", reply["statements"]);
+    Ok(())
+}
+
 pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
     let (dir, control) = match cmd {
         SnapshotCommand::Create {
@@ -335,6 +373,7 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
             print_volumes(&data.volumes());
             return Ok(());
         }
+        Control::ReloadPolicy => anyhow::bail!("a policy is reloaded by the server running on it"),
     }
     println!(
         "{} ({:.2} ms; opening the directory took {opened_ms:.0} ms)",
@@ -489,6 +528,7 @@ mod tests {
     fn control_requests_round_trip_and_junk_is_refused() {
         for c in [
             Control::List,
+            Control::ReloadPolicy,
             Control::Delete { name: "a".into() },
             Control::Create {
                 name: "b".into(),

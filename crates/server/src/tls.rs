@@ -2,7 +2,7 @@
 //! qemu-nbd and nbdkit do (the NBD spec's "TLS support").
 //!
 //! A connection is read by its workers and written by its reply path at the same time, while a
-//! TLS session is one state machine. So both halves share the session ([`Slot`]): the reader
+//! TLS session is one state machine. So both halves share the session (`Slot`): the reader
 //! feeds what it read from the socket into the session and takes plaintext out, the writer puts
 //! plaintext in and sends the records the session made. The session's lock is never held across
 //! a system call, so a worker waiting for the client's next request does not stop replies. Only

@@ -1148,7 +1148,8 @@ fn a_policy_decides_what_real_clients_may_do_and_reloads_on_sighup() {
 
 /// Snapshot actions through a durable server's control socket obey the policy and are audited:
 /// a snapshot this uid may create is made; deleting it and cloning, which the policy denies,
-/// are refused naming the policy, and the device keeps the snapshot.
+/// are refused naming the policy, and the device keeps the snapshot; `ftlab policy reload`
+/// through the same socket refuses a malformed file and puts a good one in force.
 #[test]
 fn snapshot_actions_obey_the_policy_and_are_audited() {
     let dir = temp_dir("policy-volumes");
@@ -1204,6 +1205,24 @@ fn snapshot_actions_obey_the_policy_and_are_audited() {
         listed.contains("monday") && !listed.contains("tuesday"),
         "{listed}"
     );
+    // `ftlab policy reload` through the control socket, as SIGHUP: a malformed file is
+    // refused and the old policy stays; one without the deny lets the delete through.
+    std::fs::write(&policy, "[[statement]]\neffect = \"permit\"\n").unwrap();
+    let (ok, refused) = ftlab(&["policy", "reload", &data_arg]);
+    assert!(!ok && refused.contains("old policy stays"), "{refused}");
+    let (ok, _) = ftlab(&["snapshot", "delete", &data_arg, "monday"]);
+    assert!(!ok, "the old policy still denies it");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[statement]]\neffect = \"allow\"\nprincipals = [\"uid:{uid}\"]\nactions = [\"*\"]\nexports = [\"*\"]\n"
+        ),
+    )
+    .unwrap();
+    let (ok, reloaded) = ftlab(&["policy", "reload", &data_arg]);
+    assert!(ok && reloaded.contains("1 statements"), "{reloaded}");
+    let (ok, deleted) = ftlab(&["snapshot", "delete", &data_arg, "monday"]);
+    assert!(ok, "{deleted}");
     drop(server.stop());
     let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
         .unwrap()
