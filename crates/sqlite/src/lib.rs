@@ -601,21 +601,21 @@ unsafe extern "C" fn x_open(
 
 unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     guard(|| {
-        let f = file as *mut File;
-        // SAFETY: x_open set `state` to a box; SQLite closes a file once.
-        let state = unsafe { Box::from_raw((*f).state) };
+        // Its WAL locks and mapping go first, while the state is still the file's.
+        // SAFETY: a file of this VFS, open.
         if let FileState::Device {
-            dev, shm_mapped, ..
-        } = &*state
+            shm_mapped: true, ..
+        } = unsafe { state(file) }
         {
-            if *shm_mapped {
-                // SAFETY: the same file, still open.
-                unsafe { x_shm_unmap(file, 0) };
-            }
-            let mut l = lock(&dev.lock);
-            if let FileState::Device { level, .. } = &*state {
-                release(&mut l, *level, ffi::SQLITE_LOCK_NONE);
-            }
+            // SAFETY: the same file.
+            unsafe { x_shm_unmap(file, 0) };
+        }
+        let f = file as *mut File;
+        // SAFETY: x_open set `state` to a box; SQLite closes a file once, and no reference
+        // made from it above is alive.
+        let state = unsafe { Box::from_raw((*f).state) };
+        if let FileState::Device { dev, level, .. } = &*state {
+            release(&mut lock(&dev.lock), *level, ffi::SQLITE_LOCK_NONE);
         }
         ffi::SQLITE_OK
     })
