@@ -631,19 +631,13 @@ unsafe extern "C" fn x_read(
         // SAFETY: SQLite gives a buffer of `amount` bytes.
         let buf = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amount as usize) };
         let offset = offset as u64;
+        // The bytes the file has from `offset`, read into `buf`.
         // SAFETY: a file of this VFS.
-        match unsafe { state(file) } {
+        let have = match unsafe { state(file) } {
             FileState::Memory { bytes } => {
                 let have = bytes.len().saturating_sub(offset as usize).min(buf.len());
-                if have > 0 {
-                    buf[..have].copy_from_slice(&bytes[offset as usize..offset as usize + have]);
-                }
-                buf[have..].fill(0);
-                if have < buf.len() {
-                    ffi::SQLITE_IOERR_SHORT_READ
-                } else {
-                    ffi::SQLITE_OK
-                }
+                buf[..have].copy_from_slice(&bytes[offset as usize..offset as usize + have]);
+                have
             }
             FileState::Device { dev, kind, .. } => {
                 let size = lock(&dev.table).files[*kind as usize].size_bytes;
@@ -651,13 +645,15 @@ unsafe extern "C" fn x_read(
                 if have > 0 && dev.read(*kind, offset, &mut buf[..have]).is_err() {
                     return ffi::SQLITE_IOERR_READ;
                 }
-                buf[have..].fill(0);
-                if have < buf.len() {
-                    ffi::SQLITE_IOERR_SHORT_READ
-                } else {
-                    ffi::SQLITE_OK
-                }
+                have
             }
+        };
+        // Past the end: zeros, and SQLite is told (it relies on both).
+        buf[have..].fill(0);
+        if have < buf.len() {
+            ffi::SQLITE_IOERR_SHORT_READ
+        } else {
+            ffi::SQLITE_OK
         }
     })
 }
