@@ -387,10 +387,11 @@ pub(crate) fn start<R: Read, W: Write>(
         if done {
             break;
         }
-        if incoming.len() + plaintext.len() > MAX_HANDSHAKE_BYTES {
+        // What is left of it after the handshake must fit the reader's buffer.
+        if incoming.len() + plaintext.len() + chunk.len() > MAX_HANDSHAKE_BYTES {
             return Err(format!(
-                "the client sent over {} KiB during the TLS handshake",
-                MAX_HANDSHAKE_BYTES >> 10
+                "the client sent more than {} KiB not yet handled during the TLS handshake",
+                (MAX_HANDSHAKE_BYTES - chunk.len()) >> 10
             ));
         }
         if read_more {
