@@ -887,6 +887,48 @@ mod tests {
     }
 
     #[test]
+    fn a_record_cut_at_the_end_of_the_handshake_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (setup, client_config) = setup(dir.path());
+        let (mut socket, server_socket) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let slot = Slot::default();
+            let (mut r, mut w) = (server_socket.try_clone().unwrap(), server_socket);
+            start(&setup, &slot, &[], &mut r, &mut w).unwrap();
+            let mut reader = TlsReader::new(r, slot);
+            let mut got = [0u8; 5];
+            reader.read_exact(&mut got).unwrap();
+            got
+        });
+        // The client driven by hand, so that its Finished and the first half of its first
+        // record reach the server in one write and the rest later.
+        let mut client =
+            rustls::ClientConnection::new(client_config, "localhost".try_into().unwrap()).unwrap();
+        let mut out = Vec::new();
+        loop {
+            while client.wants_write() {
+                client.write_tls(&mut out).unwrap();
+            }
+            if !client.is_handshaking() {
+                break;
+            }
+            socket.write_all(&out).unwrap();
+            out.clear();
+            client.read_tls(&mut socket).unwrap();
+            client.process_new_packets().unwrap();
+        }
+        client.writer().write_all(b"first").unwrap();
+        while client.wants_write() {
+            client.write_tls(&mut out).unwrap();
+        }
+        let cut = out.len() - 10;
+        socket.write_all(&out[..cut]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        socket.write_all(&out[cut..]).unwrap();
+        assert_eq!(&server.join().unwrap(), b"first");
+    }
+
+    #[test]
     fn hostile_records_end_the_session_with_an_error() {
         let cases: [(&[u8], &str); 4] = [
             (&[23, 3, 3, 0xff, 0xff], "record_overflow"),
