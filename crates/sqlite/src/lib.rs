@@ -306,7 +306,11 @@ impl Dev {
                 let n = ((PAGE_BYTES as usize) - from).min((end - pos) as usize);
                 let key = (kind as u8, index);
                 if n == PAGE_BYTES as usize {
-                    cache.insert_dirty(key, data[at..at + n].into());
+                    // Into the cached page if there is one: no allocation per page written.
+                    match cache.page_mut(key) {
+                        Some(page) => page.copy_from_slice(&data[at..at + n]),
+                        None => cache.insert_dirty(key, data[at..at + n].into()),
+                    }
                 } else {
                     if cache.get(key).is_none() {
                         let page: Box<[u8]> = if page_start >= size_bytes {
