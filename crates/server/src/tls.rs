@@ -10,7 +10,7 @@
 //! key update (section 4.6.3), or when the server's own records near the cipher's
 //! confidentiality limit. No crate offers a record layer split in two halves for blocking
 //! sockets; rustls's own connection is one state machine that both halves would have to lock,
-//! and costs a copy and an allocation per record more (measured: docs/serve.md).
+//! and costs a copy and an allocation per record more (`ftlab bench tls` measures the cost).
 use crate::Incoming;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::kernel::KernelConnection;
@@ -757,7 +757,12 @@ mod tests {
 
     /// A server setup with a certificate for `localhost` from a fresh CA, and a client config
     /// trusting that CA (rustls's own client: an implementation independent of the halves).
-    fn setup(dir: &Path) -> (TlsSetup, Arc<rustls::ClientConfig>) {
+    fn setup() -> &'static (TlsSetup, Arc<rustls::ClientConfig>) {
+        static SETUP: OnceLock<(TlsSetup, Arc<rustls::ClientConfig>)> = OnceLock::new();
+        SETUP.get_or_init(|| made_setup(tempfile::tempdir().unwrap().path()))
+    }
+
+    fn made_setup(dir: &Path) -> (TlsSetup, Arc<rustls::ClientConfig>) {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -810,13 +815,12 @@ mod tests {
         TlsReader<UnixStream>,
         TlsWriter<Recorded>,
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let (setup, client_config) = setup(dir.path());
+        let (setup, client_config) = setup();
         let (client_socket, server_socket) = UnixStream::pair().unwrap();
         let server = std::thread::spawn(move || {
             let mut slot = Slot::default();
             let (mut r, mut w) = (server_socket.try_clone().unwrap(), server_socket);
-            let established = start(&setup, &slot, &[], &mut r, &mut w).unwrap();
+            let established = start(setup, &slot, &[], &mut r, &mut w).unwrap();
             assert_eq!(established.version, "TLSv1_3");
             Arc::get_mut(&mut slot)
                 .unwrap()
@@ -829,7 +833,8 @@ mod tests {
             )
         });
         let conn =
-            rustls::ClientConnection::new(client_config, "localhost".try_into().unwrap()).unwrap();
+            rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap())
+                .unwrap();
         let mut client = rustls::StreamOwned::new(conn, client_socket);
         // The client's first data goes with its Finished: the server reads it as rustls opened it.
         client.write_all(b"first").unwrap();
@@ -888,13 +893,12 @@ mod tests {
 
     #[test]
     fn a_record_cut_at_the_end_of_the_handshake_is_read_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let (setup, client_config) = setup(dir.path());
+        let (setup, client_config) = setup();
         let (mut socket, server_socket) = UnixStream::pair().unwrap();
         let server = std::thread::spawn(move || {
             let slot = Slot::default();
             let (mut r, mut w) = (server_socket.try_clone().unwrap(), server_socket);
-            start(&setup, &slot, &[], &mut r, &mut w).unwrap();
+            start(setup, &slot, &[], &mut r, &mut w).unwrap();
             let mut reader = TlsReader::new(r, slot);
             let mut got = [0u8; 5];
             reader.read_exact(&mut got).unwrap();
@@ -903,7 +907,8 @@ mod tests {
         // The client driven by hand, so that its Finished and the first half of its first
         // record reach the server in one write and the rest later.
         let mut client =
-            rustls::ClientConnection::new(client_config, "localhost".try_into().unwrap()).unwrap();
+            rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap())
+                .unwrap();
         let mut out = Vec::new();
         loop {
             while client.wants_write() {
@@ -960,5 +965,47 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever a client sends after the handshake (records of any type, length and body,
+        /// cut anywhere), the reader returns data, an error or the end: it never panics or
+        /// reads past its buffer.
+        #[test]
+        fn any_bytes_after_the_handshake_are_refused_or_read(
+            records in proptest::collection::vec(
+                (
+                    proptest::prelude::prop_oneof![proptest::prelude::Just(23u8), 0u8..=255],
+                    0usize..20_000,
+                    proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+                ),
+                1..6,
+            ),
+            cut in 0usize..100_000,
+        ) {
+            let (client, mut reader, server_writer) = connected(u64::MAX);
+            let mut got = [0u8; 5];
+            reader.read_exact(&mut got).unwrap();
+            let mut bytes = Vec::new();
+            for (content_type, length, body) in records {
+                bytes.extend_from_slice(&[content_type, 3, 3, (length >> 8) as u8, length as u8]);
+                bytes.extend(body.iter().cycle().take(length));
+            }
+            bytes.truncate(cut);
+            let mut socket = client.sock;
+            let writer = std::thread::spawn(move || {
+                let _ = socket.write_all(&bytes);
+            });
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+            }
+            // The server's socket closed: a client still writing stops.
+            drop((reader, server_writer));
+            writer.join().unwrap();
+        }
     }
 }
