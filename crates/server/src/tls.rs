@@ -933,6 +933,34 @@ mod tests {
         assert_eq!(&server.join().unwrap(), b"first");
     }
 
+    /// TLS 1.2 is refused (the record layer here is 1.3's), with the alert that says so.
+    #[test]
+    fn a_tls_1_2_client_is_refused() {
+        let (setup, _) = setup();
+        let (client_socket, server_socket) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut r, mut w) = (server_socket.try_clone().unwrap(), server_socket);
+            start(setup, &Slot::default(), &[], &mut r, &mut w).map(|_| ())
+        });
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let conn = rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap())
+            .unwrap();
+        let mut client = rustls::StreamOwned::new(conn, client_socket);
+        let client_error = client.write_all(b"x").and_then(|()| client.flush());
+        let mut got = [0u8; 1];
+        let client_error = client_error.and_then(|()| client.read(&mut got).map(|_| ()));
+        let server_error = server.join().unwrap().unwrap_err();
+        assert!(server_error.contains("incompatible"), "{server_error}");
+        let client_error = client_error.unwrap_err().to_string();
+        assert!(client_error.contains("ProtocolVersion"), "{client_error}");
+    }
+
     #[test]
     fn hostile_records_end_the_session_with_an_error() {
         let cases: [(&[u8], &str); 4] = [
