@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every fuzz target (the five trace parsers, placement range files, sweep files, the NBD connection, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
+# Runs every fuzz target (the five trace parsers, placement range files, sweep files, the NBD connection in plain and over TLS, the mapping tables on a small and a sparse device, one group's encodings) for SECONDS each (default 60), seeded with real trace lines.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); RUSTC_BOOTSTRAP lets it use the stable toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -26,15 +26,19 @@ printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05
 # Structured replies, SET_META_CONTEXT base:allocation, GO, then a write, two BLOCK_STATUS (one
 # with REQ_ONE) and a CACHE.
 printf '\x00\x00\x00\x03IHAVEOPT\x00\x00\x00\x08\x00\x00\x00\x00IHAVEOPT\x00\x00\x00\x0a\x00\x00\x00\x20\x00\x00\x00\x05ftlab\x00\x00\x00\x01\x00\x00\x00\x0fbase\x3aallocationIHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00\x25\x60\x95\x13\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x10xxxxxxxxxxxxxxxx\x25\x60\x95\x13\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x25\x60\x95\x13\x00\x08\x00\x07\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00d\x00\x01\x00\x00\x25\x60\x95\x13\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10\x00' > corpus/nbd_connection/seed-block-status
+mkdir -p corpus/tls_connection
+# Over TLS (chunks: a tag byte, even sealed by the client and odd raw, a little-endian u16
+# length, the bytes): NBD_OPT_GO, a 4 KiB read, then a raw record header cut short.
+printf '\x00\x1b\x00IHAVEOPT\x00\x00\x00\x07\x00\x00\x00\x0b\x00\x00\x00\x05ftlab\x00\x00\x00\x1c\x00\x25\x60\x95\x13\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10\x00\x01\x05\x00\x17\x03\x03\x00\x20' > corpus/tls_connection/seed
 failed=()
 mkdir -p corpus/sweep_spec
 cp ../sweeps/*.toml corpus/sweep_spec/
-for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio placement_ranges device_log checkpoint nbd_connection mapping_tables mapping_sparse group_encodings sweep_spec; do
+for t in parse_msr parse_nbdkit parse_disksim parse_blkparse parse_fio placement_ranges device_log checkpoint nbd_connection tls_connection mapping_tables mapping_sparse group_encodings sweep_spec; do
   echo "== $t (${seconds}s)"
   # nbd_connection starts worker threads per input; libFuzzer's leak check can catch a joined
   # thread still in its TLS destructors and report std's own thread handle (see docs/testing.md), and
   # the exit-time check reports the buffers of rayon's pool threads, which live until exit.
-  leaks=1; [ "$t" = nbd_connection ] && leaks=0
+  leaks=1; [ "$t" = nbd_connection ] || [ "$t" = tls_connection ] && leaks=0
   # The full output is kept: a crash's reproducer path and stack are in it.
   # -a: debug assertions and overflow checks. Without them an overflow wraps silently; with
   # them three targets found one each within minutes (a nbdkit date past 2554, a flush's
