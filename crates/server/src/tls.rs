@@ -926,6 +926,43 @@ mod tests {
         assert_eq!(&server.join().unwrap(), b"first");
     }
 
+    /// Garbage in the same write as the client's Finished fails the handshake with one alert
+    /// (asking rustls for it twice made it queue a second, which it asserts against: found by
+    /// the tls_connection fuzz target).
+    #[test]
+    fn garbage_with_the_finished_fails_the_handshake_cleanly() {
+        let (setup, client_config) = setup();
+        let (mut socket, server_socket) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut r, mut w) = (server_socket.try_clone().unwrap(), server_socket);
+            start(setup, &Slot::default(), &[], &mut r, &mut w).map(|_| ())
+        });
+        let mut client =
+            rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap())
+                .unwrap();
+        let mut out = Vec::new();
+        loop {
+            while client.wants_write() {
+                client.write_tls(&mut out).unwrap();
+            }
+            if !client.is_handshaking() {
+                break;
+            }
+            socket.write_all(&out).unwrap();
+            out.clear();
+            client.read_tls(&mut socket).unwrap();
+            client.process_new_packets().unwrap();
+        }
+        out.extend_from_slice(&[0x99, 3, 3, 0, 1, 0]);
+        socket.write_all(&out).unwrap();
+        let error = server.join().expect("no panic").unwrap_err();
+        assert!(!error.is_empty());
+        // One alert record (the client's view: a fatal alert, then the end).
+        let mut rest = Vec::new();
+        socket.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest.len(), 5 + 2 + 1 + TAG_BYTES, "{rest:?}");
+    }
+
     /// TLS 1.2 is refused (the record layer here is 1.3's), with the alert that says so.
     #[test]
     fn a_tls_1_2_client_is_refused() {
