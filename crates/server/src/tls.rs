@@ -884,9 +884,31 @@ mod tests {
         assert_eq!(reader.read(&mut got).unwrap(), 0);
     }
 
+    /// A client driven by hand through the handshake on `socket`, and its Finished, not yet
+    /// sent: a test decides what goes with it.
+    fn client_up_to_its_finished(socket: &mut UnixStream) -> (rustls::ClientConnection, Vec<u8>) {
+        let (_, client_config) = setup();
+        let mut client =
+            rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap())
+                .unwrap();
+        let mut out = Vec::new();
+        loop {
+            while client.wants_write() {
+                client.write_tls(&mut out).unwrap();
+            }
+            if !client.is_handshaking() {
+                return (client, out);
+            }
+            socket.write_all(&out).unwrap();
+            out.clear();
+            client.read_tls(socket).unwrap();
+            client.process_new_packets().unwrap();
+        }
+    }
+
     #[test]
     fn a_record_cut_at_the_end_of_the_handshake_is_read_whole() {
-        let (setup, client_config) = setup();
+        let (setup, _) = setup();
         let (mut socket, server_socket) = UnixStream::pair().unwrap();
         let server = std::thread::spawn(move || {
             let slot = Slot::default();
@@ -899,22 +921,7 @@ mod tests {
         });
         // The client driven by hand, so that its Finished and the first half of its first
         // record reach the server in one write and the rest later.
-        let mut client =
-            rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap())
-                .unwrap();
-        let mut out = Vec::new();
-        loop {
-            while client.wants_write() {
-                client.write_tls(&mut out).unwrap();
-            }
-            if !client.is_handshaking() {
-                break;
-            }
-            socket.write_all(&out).unwrap();
-            out.clear();
-            client.read_tls(&mut socket).unwrap();
-            client.process_new_packets().unwrap();
-        }
+        let (mut client, mut out) = client_up_to_its_finished(&mut socket);
         client.writer().write_all(b"first").unwrap();
         while client.wants_write() {
             client.write_tls(&mut out).unwrap();
@@ -931,28 +938,13 @@ mod tests {
     /// the tls_connection fuzz target).
     #[test]
     fn garbage_with_the_finished_fails_the_handshake_cleanly() {
-        let (setup, client_config) = setup();
+        let (setup, _) = setup();
         let (mut socket, server_socket) = UnixStream::pair().unwrap();
         let server = std::thread::spawn(move || {
             let (mut r, mut w) = (server_socket.try_clone().unwrap(), server_socket);
             start(setup, &Slot::default(), &[], &mut r, &mut w).map(|_| ())
         });
-        let mut client =
-            rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap())
-                .unwrap();
-        let mut out = Vec::new();
-        loop {
-            while client.wants_write() {
-                client.write_tls(&mut out).unwrap();
-            }
-            if !client.is_handshaking() {
-                break;
-            }
-            socket.write_all(&out).unwrap();
-            out.clear();
-            client.read_tls(&mut socket).unwrap();
-            client.process_new_packets().unwrap();
-        }
+        let (_client, mut out) = client_up_to_its_finished(&mut socket);
         out.extend_from_slice(&[0x99, 3, 3, 0, 1, 0]);
         socket.write_all(&out).unwrap();
         let error = server.join().expect("no panic").unwrap_err();
