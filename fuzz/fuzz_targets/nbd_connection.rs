@@ -3,7 +3,8 @@
 //! catches a panic while a request executes (the device then fails, rather than hang its
 //! client), but libfuzzer-sys's panic hook aborts first, so such a panic is still reported.
 #![no_main]
-use ftlab_server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab_device::{Device, DeviceOptions, Latency};
+use ftlab_nbd::{serve_connection, NbdOptions};
 use ftlab_store::codec::Codec;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -17,12 +18,12 @@ fn device() -> &'static Device {
         }
         Device::new(
             &b.build().unwrap(),
-            DeviceOptions { export_name: "ftlab".into(), exports: Vec::new(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_server::RecordFormat::Nbdkit, mem_limit_bytes: None, limits: Default::default(), read_only: false, data: None, durability: Default::default(), checkpoint_every_bytes: 256 << 20, cache_bytes: 1 << 20, cache_policy: Default::default(), tls: None },
+            DeviceOptions { export_name: "ftlab".into(), exports: Vec::new(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_device::RecordFormat::Nbdkit, mem_limit_bytes: None, max_inflight_bytes: ftlab_device::DEFAULT_MAX_INFLIGHT_BYTES, read_only: false, data: None, durability: Default::default(), checkpoint_every_bytes: 256 << 20, cache_bytes: 1 << 20, cache_policy: Default::default() },
         )
         .unwrap()
     })
 }
 
 fuzz_target!(|data: &[u8]| {
-    let _ = serve_connection(device(), std::io::Cursor::new(data), std::io::sink());
+    let _ = serve_connection(device(), &NbdOptions::default(), std::io::Cursor::new(data), std::io::sink());
 });

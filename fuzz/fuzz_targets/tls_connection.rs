@@ -5,16 +5,17 @@
 //! records, after valid ones). Errors close the connection; panics are bugs. A thread drains
 //! what the server sends, so that neither end blocks on a full socket.
 #![no_main]
-use ftlab_server::tls::{TlsMode, TlsSetup};
-use ftlab_server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab_nbd::tls::{TlsMode, TlsSetup};
+use ftlab_device::{Device, DeviceOptions, Latency};
+use ftlab_nbd::{serve_connection, NbdOptions};
 use ftlab_store::codec::Codec;
 use libfuzzer_sys::fuzz_target;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, OnceLock};
 
-fn setup() -> &'static (Device, Arc<rustls::ClientConfig>) {
-    static SETUP: OnceLock<(Device, Arc<rustls::ClientConfig>)> = OnceLock::new();
+fn setup() -> &'static (Device, NbdOptions, Arc<rustls::ClientConfig>) {
+    static SETUP: OnceLock<(Device, NbdOptions, Arc<rustls::ClientConfig>)> = OnceLock::new();
     SETUP.get_or_init(|| {
         // As a Rust program's runtime does (libFuzzer's main is not one): a write to a socket
         // the other end closed is an error, not the end of the process.
@@ -37,7 +38,7 @@ fn setup() -> &'static (Device, Arc<rustls::ClientConfig>) {
         }
         let device = Device::new(
             &b.build().unwrap(),
-            DeviceOptions { export_name: "ftlab".into(), exports: Vec::new(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_server::RecordFormat::Nbdkit, mem_limit_bytes: None, limits: Default::default(), read_only: false, data: None, durability: Default::default(), checkpoint_every_bytes: 256 << 20, cache_bytes: 1 << 20, cache_policy: Default::default(), tls: Some(Arc::new(tls)) },
+            DeviceOptions { export_name: "ftlab".into(), exports: Vec::new(), latency: Latency::None, codec: Codec::Lz4, record: None, record_format: ftlab_device::RecordFormat::Nbdkit, mem_limit_bytes: None, max_inflight_bytes: ftlab_device::DEFAULT_MAX_INFLIGHT_BYTES, read_only: false, data: None, durability: Default::default(), checkpoint_every_bytes: 256 << 20, cache_bytes: 1 << 20, cache_policy: Default::default() },
         )
         .unwrap();
         let mut roots = rustls::RootCertStore::empty();
@@ -47,7 +48,7 @@ fn setup() -> &'static (Device, Arc<rustls::ClientConfig>) {
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
-        (device, Arc::new(client))
+        (device, NbdOptions { tls: Some(Arc::new(tls)), ..Default::default() }, Arc::new(client))
     })
 }
 
@@ -68,12 +69,12 @@ fn start_tls(socket: &mut UnixStream, conn: &mut rustls::ClientConnection) -> bo
 }
 
 fuzz_target!(|data: &[u8]| {
-    let (device, client_config) = setup();
+    let (device, nbd, client_config) = setup();
     let (mut socket, server_socket) = UnixStream::pair().unwrap();
     std::thread::scope(|s| {
         let server = s.spawn(move || {
             let w = server_socket.try_clone().unwrap();
-            let _ = serve_connection(device, server_socket, w);
+            let _ = serve_connection(device, nbd, server_socket, w);
         });
         let mut conn = rustls::ClientConnection::new(client_config.clone(), "localhost".try_into().unwrap()).unwrap();
         if start_tls(&mut socket, &mut conn) {

@@ -31,6 +31,7 @@ pub mod memory;
 pub mod request;
 pub mod rng;
 pub mod table;
+pub mod units;
 
 pub use config::{Config, ConfigBuilder};
 pub use request::Request;

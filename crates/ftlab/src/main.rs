@@ -75,8 +75,6 @@ enum Command {
     Mapbench(mapbench_cmd::MapbenchArgs),
     /// Serve the emulated SSD over NBD (fio, qemu, nbdfuse + ext4 ...), FTL model in the loop.
     Serve(Box<serve::ServeArgs>),
-    /// Verify a durable device's directory (`serve --data DIR`) offline: every record's
-    /// checksum and sequence, every segment present; exit 1 when acknowledged data is damaged.
     /// A durable device's snapshots and clones: create, list, delete (through the running
     /// server's control socket when it is served).
     Snapshot {
@@ -89,6 +87,8 @@ enum Command {
         #[command(subcommand)]
         command: volumes_cmd::ImageCommand,
     },
+    /// Verify a durable device's directory (`serve --data DIR`) offline: every record's
+    /// checksum and sequence, every segment present; exit 1 when acknowledged data is damaged.
     Check {
         /// The directory `ftlab serve --data` keeps.
         dir: PathBuf,
@@ -138,7 +138,7 @@ ftlab policy check policy.toml --action list --export db          # an anonymous
         #[arg(long = "principal", value_name = "KIND:NAME")]
         principals: Vec<String>,
         /// read, write, trim, flush, list, snapshot.create, snapshot.delete, clone, metrics.
-        #[arg(long, value_parser = ftlab_server::policy::ACTIONS)]
+        #[arg(long, value_parser = ftlab_device::policy::ACTIONS)]
         action: String,
         /// The export (NAME, or NAME@SNAPSHOT for a snapshot or clone).
         #[arg(long)]
@@ -471,7 +471,7 @@ fn policy_check(
     action: &str,
     export: &str,
 ) -> Result<()> {
-    use ftlab_server::policy::{Policy, Principal};
+    use ftlab_device::policy::{Policy, Principal};
     let policy = Policy::load(file)?;
     let principal = Principal { names };
     let decision = policy.decide(&principal, action, export);

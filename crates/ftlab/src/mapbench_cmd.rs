@@ -62,7 +62,7 @@ pub struct MapbenchArgs {
     /// Instead of the side-by-side comparison: repeat the (single, log-head) trace's pattern over
     /// a device of this size (bytes, or with K/M/G/T: 16T is 16 TiB) with the learned table alone,
     /// and report its memory; flat arrays of that size are only computed.
-    #[arg(long, allow_negative_numbers = true, value_name = "SIZE", value_parser = crate::serve::parse_size)]
+    #[arg(long, allow_negative_numbers = true, value_name = "SIZE", value_parser = ftlab_core::units::parse_size)]
     tile_to: Option<u64>,
     /// Throughput is the fastest of this many runs, each on a fresh table (in each run the
     /// lookup phases are timed three times over); latency quantiles are the median over as many

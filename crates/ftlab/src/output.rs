@@ -48,7 +48,7 @@ impl Output {
             }
             Err(_) => path.to_path_buf(),
         };
-        let tmp = ftlab_server::tmp_path_beside(&path);
+        let tmp = ftlab_device::tmp_path_beside(&path);
         let file = std::fs::File::create(&tmp)
             .with_context(|| format!("{}: cannot create {}", cannot(), tmp.display()))?;
         // The replacement keeps the replaced file's mode (a report kept private stays so); made

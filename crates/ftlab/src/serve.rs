@@ -2,9 +2,9 @@
 //! SIGTERM or SIGHUP.
 
 use anyhow::{Context, Result};
-use ftlab_server::{
-    serve_connection_as, ConnectionLimits, Device, DeviceOptions, Latency, RecordFormat,
-};
+use ftlab_core::units::parse_size;
+use ftlab_device::{Device, DeviceOptions, Latency, RecordFormat};
+use ftlab_nbd::{serve_connection_as, ConnectionLimits, NbdOptions};
 use ftlab_store::codec::Codec;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -39,7 +39,7 @@ pub struct ServeArgs {
     /// --export-name; "" names the first. E.g. --export wal=1G,handle=1 --export db,handle=2
     /// with --set ftl.streams=3.
     #[arg(long = "export", value_name = "SPEC", value_parser = parse_export)]
-    exports: Vec<ftlab_server::ExportSpec>,
+    exports: Vec<ftlab_device::ExportSpec>,
     /// Page store codec: lz4, zstd[:LEVEL], zstd-dict[:LEVEL], none (pages as they are). zstd-dict trains its
     /// dictionaries (one for text pages, one for binary) by itself (a few seconds of one core,
     /// logged): first once 4096 pages are stored compressed (neither same-filled nor raw), then
@@ -85,8 +85,8 @@ pub struct ServeArgs {
     /// NBD over TLS (NBD_OPT_STARTTLS, as qemu-nbd and nbdkit): require (every option but
     /// STARTTLS is refused with NBD_REP_ERR_TLS_REQD until TLS is on), allow (the client
     /// chooses) or off. Default: require with --tls-cert, off without.
-    #[arg(long, value_name = "MODE", value_parser = |s: &str| s.parse::<ftlab_server::tls::TlsMode>())]
-    tls: Option<ftlab_server::tls::TlsMode>,
+    #[arg(long, value_name = "MODE", value_parser = |s: &str| s.parse::<ftlab_nbd::tls::TlsMode>())]
+    tls: Option<ftlab_nbd::tls::TlsMode>,
     /// The server's certificate chain (PEM) for TLS; with --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -110,8 +110,8 @@ pub struct ServeArgs {
     metrics: Option<String>,
     /// With --data: when the log is synced (fdatasync) before answering: flush (FLUSH and FUA
     /// writes; concurrent flushes share one sync), always (every write and trim too), never.
-    #[arg(long, default_value = "flush", value_parser = ftlab_server::Durability::parse)]
-    durability: ftlab_server::Durability,
+    #[arg(long, default_value = "flush", value_parser = ftlab_device::Durability::parse)]
+    durability: ftlab_device::Durability,
     /// With --data: write a checkpoint (the maps of every volume; recovery replays only the log
     /// after it) each time this much was logged since the last, and at a clean shutdown; the
     /// cleaner then deletes segments no volume needs, copying out the live records of those at
@@ -171,14 +171,14 @@ pub struct ServeArgs {
 
 /// `NAME[=SIZE][,handle=H][,handles=A:B:...][,ranges=FILE][,read-only]`, as `--export` takes
 /// it.
-fn parse_export(text: &str) -> Result<ftlab_server::ExportSpec, String> {
+fn parse_export(text: &str) -> Result<ftlab_device::ExportSpec, String> {
     let mut parts = text.split(',');
     let head = parts.next().unwrap_or_default();
     let (name, size) = match head.split_once('=') {
-        Some((name, size)) => (name, Some(parse_size(size)?)),
+        Some((name, size)) => (name, Some(parse_size(size).map_err(|e| e.to_string())?)),
         None => (head, None),
     };
-    let mut spec = ftlab_server::ExportSpec {
+    let mut spec = ftlab_device::ExportSpec {
         name: name.to_string(),
         size_bytes: size,
         ..Default::default()
@@ -223,26 +223,8 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("`{text}` is not a number of seconds (0 to 1e9)"))
 }
 
-/// "512M" -> 536870912: a byte count with an optional K, M, G or T (binary) suffix.
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        Some('T') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (bytes, or a number with K, M, G or T)"))?;
-    n.checked_mul(1 << shift)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| format!("`{text}`: the size must be between 1 byte and 2^64"))
-}
-
 fn write_stats(device: &Device, path: &std::path::Path) -> Result<()> {
-    let tmp = ftlab_server::tmp_path_beside(path);
+    let tmp = ftlab_device::tmp_path_beside(path);
     std::fs::write(
         &tmp,
         serde_json::to_string_pretty(&device.stats_json())? + "\n",
@@ -296,21 +278,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
             record: args.record.clone(),
             record_format: args.record_format,
             mem_limit_bytes: args.mem_limit,
-            limits: ConnectionLimits {
-                max_inflight_bytes: args.max_inflight_bytes,
-                handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
-                idle_timeout: (args.idle_timeout > 0.0)
-                    .then(|| Duration::from_secs_f64(args.idle_timeout)),
-            },
+            max_inflight_bytes: args.max_inflight_bytes,
             read_only: args.read_only,
             data: args.data.clone(),
             durability: args.durability,
             checkpoint_every_bytes: args.checkpoint_every,
             cache_bytes: args.cache,
             cache_policy: args.cache_policy,
-            tls: tls_setup(&args)?,
         },
     )?);
+    let nbd = Arc::new(NbdOptions {
+        tls: tls_setup(&args)?,
+        limits: ConnectionLimits {
+            handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+            idle_timeout: (args.idle_timeout > 0.0)
+                .then(|| Duration::from_secs_f64(args.idle_timeout)),
+        },
+    });
     if let Some(summary) = device.recovery_summary() {
         eprintln!("ftlab serve: {summary}");
     }
@@ -345,7 +329,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         device.set_audit(file);
     }
     if let Some(path) = &args.policy {
-        device.set_policy(Some(ftlab_server::policy::Policy::load(path)?));
+        device.set_policy(Some(ftlab_device::policy::Policy::load(path)?));
     }
     // Set by SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session ends the device as
     // cleanly, its image saved); the loops below poll it. With a policy, SIGHUP reloads it.
@@ -436,7 +420,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let device = device.clone();
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let mut schedule = ftlab_server::dictionary::DictionarySchedule::default();
+            let mut schedule = ftlab_device::dictionary::DictionarySchedule::default();
             while !stop.load(Ordering::SeqCst) {
                 if let Some(line) = device.train_dictionary_if_due(&mut schedule) {
                     eprintln!("ftlab serve: {line}");
@@ -490,7 +474,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         }
         if reload.swap(false, Ordering::SeqCst) {
-            let _ = reload_policy(&device, args.policy.as_deref().expect("only with --policy"));
+            let path = args.policy.as_deref().expect("only with --policy");
+            match device.reload_policy(path) {
+                Ok(n) => eprintln!(
+                    "ftlab serve: {}: policy reloaded ({n} statements)",
+                    path.display()
+                ),
+                Err(e) => eprintln!("ftlab serve: policy not reloaded, the old one stays: {e}"),
+            }
         }
         let mut idle = true;
         connections.retain(|c| !c.thread.is_finished());
@@ -501,18 +492,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 &mut connections,
                 args.max_connections,
                 &device,
+                &nbd,
                 peer.to_string(),
-                ftlab_server::policy::Principal::anonymous(),
+                ftlab_device::policy::Principal::anonymous(),
                 stream,
             );
         }
         if let Some((stream, _)) = unix.as_ref().and_then(|l| l.accept().ok()) {
             idle = false;
-            let principal = unix_principal(&stream);
+            let principal = ftlab_device::policy::Principal::of_unix_peer(&stream);
             admit(
                 &mut connections,
                 args.max_connections,
                 &device,
+                &nbd,
                 format!("unix client {}", principal.describe()),
                 principal,
                 stream,
@@ -607,8 +600,9 @@ fn admit<S: Socket>(
     connections: &mut Vec<Connection>,
     max: u32,
     device: &Arc<Device>,
+    nbd: &Arc<NbdOptions>,
     who: String,
-    principal: ftlab_server::policy::Principal,
+    principal: ftlab_device::policy::Principal,
     stream: S,
 ) {
     device.connected(&principal, &who);
@@ -616,7 +610,7 @@ fn admit<S: Socket>(
         eprintln!("ftlab serve: {who}: refused: {max} connections already (--max-connections)");
         return;
     }
-    match Connection::accept(device, who.clone(), principal, stream) {
+    match Connection::accept(device, nbd, who.clone(), principal, stream) {
         Ok(c) => connections.push(c),
         Err(e) => eprintln!("ftlab serve: {who}: refused: {e}"),
     }
@@ -651,7 +645,7 @@ fn spawn_metrics(
                 line.clear();
             }
             let path = request.split_whitespace().nth(1).unwrap_or("");
-            let anonymous = ftlab_server::policy::Principal::anonymous();
+            let anonymous = ftlab_device::policy::Principal::anonymous();
             let (status, body) = if !request.starts_with("GET ") {
                 ("405 Method Not Allowed", "GET /metrics\n".to_string())
             } else if path != "/metrics" && path != "/" {
@@ -662,7 +656,10 @@ fn spawn_metrics(
                     "the access policy does not allow metrics\n".to_string(),
                 )
             } else {
-                ("200 OK", device.metrics(open.load(Ordering::Relaxed)))
+                (
+                    "200 OK",
+                    ftlab_nbd::device_metrics(&device, open.load(Ordering::Relaxed)),
+                )
             };
             let _ = write!(
                 &stream,
@@ -675,8 +672,8 @@ fn spawn_metrics(
 }
 
 /// The TLS identity of --tls-cert/--tls-key/--tls-ca, in --tls's mode; None when TLS is off.
-fn tls_setup(args: &ServeArgs) -> anyhow::Result<Option<Arc<ftlab_server::tls::TlsSetup>>> {
-    use ftlab_server::tls::{TlsMode, TlsSetup};
+fn tls_setup(args: &ServeArgs) -> anyhow::Result<Option<Arc<ftlab_nbd::tls::TlsSetup>>> {
+    use ftlab_nbd::tls::{TlsMode, TlsSetup};
     let mode = args.tls.unwrap_or(if args.tls_cert.is_some() {
         TlsMode::Require
     } else {
@@ -705,64 +702,6 @@ fn tls_setup(args: &ServeArgs) -> anyhow::Result<Option<Arc<ftlab_server::tls::T
     )?)))
 }
 
-/// Checks the policy file again and puts it in force (its statement count), or says why not
-/// and keeps the old one. SIGHUP and the control socket's `reload-policy` both come here.
-pub(crate) fn reload_policy(device: &Device, path: &Path) -> Result<usize, String> {
-    match ftlab_server::policy::Policy::load(path) {
-        Ok(p) => {
-            let statements = p.statements.len();
-            device.set_policy(Some(p));
-            device.audit(
-                "policy_reload",
-                serde_json::json!({"file": path.display().to_string(), "statements": statements}),
-            );
-            eprintln!(
-                "ftlab serve: {}: policy reloaded ({statements} statements)",
-                path.display()
-            );
-            Ok(statements)
-        }
-        Err(e) => {
-            device.audit(
-                "policy_refused",
-                serde_json::json!({"file": path.display().to_string(), "reason": e.to_string()}),
-            );
-            eprintln!("ftlab serve: policy not reloaded, the old one stays: {e}");
-            Err(format!("not reloaded, the old policy stays: {e}"))
-        }
-    }
-}
-
-/// A Unix socket client's principal: its uid and gid (SO_PEERCRED, as the kernel saw them when
-/// it connected); anonymous when the kernel does not say.
-pub(crate) fn unix_principal(
-    stream: &std::os::unix::net::UnixStream,
-) -> ftlab_server::policy::Principal {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for the kernel to write a ucred into; the fd is open.
-    let r = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return ftlab_server::policy::Principal::anonymous();
-    }
-    ftlab_server::policy::Principal {
-        names: vec![format!("uid:{}", cred.uid), format!("gid:{}", cred.gid)],
-    }
-}
-
 /// A client's connection, served on a thread of its own.
 struct Connection {
     thread: std::thread::JoinHandle<()>,
@@ -774,19 +713,20 @@ impl Connection {
     /// Serves a client just accepted.
     fn accept<S: Socket>(
         device: &Arc<Device>,
+        nbd: &Arc<NbdOptions>,
         name: String,
-        principal: ftlab_server::policy::Principal,
+        principal: ftlab_device::policy::Principal,
         stream: S,
     ) -> std::io::Result<Self> {
         stream.configure()?;
         let (reader, shut) = (stream.try_clone_socket()?, stream.try_clone_socket()?);
-        let device = device.clone();
-        let peer = ftlab_server::Peer {
+        let (device, nbd) = (device.clone(), nbd.clone());
+        let peer = ftlab_nbd::Peer {
             principal,
             address: name.clone(),
         };
         let thread = std::thread::spawn(move || {
-            if let Err(e) = serve_connection_as(&device, &peer, reader, stream) {
+            if let Err(e) = serve_connection_as(&device, &nbd, &peer, reader, stream) {
                 eprintln!("ftlab serve: {name}: closed: {e}");
             }
         });
@@ -798,7 +738,7 @@ impl Connection {
 }
 
 /// What `serve` needs of a TCP or Unix socket.
-trait Socket: ftlab_server::Incoming + std::io::Write + Send + Sized + 'static {
+trait Socket: ftlab_nbd::Incoming + std::io::Write + Send + Sized + 'static {
     fn try_clone_socket(&self) -> std::io::Result<Self>;
     /// Blocking (the listeners poll; a client's socket waits), a send timeout (`REPLY_STALL`: a
     /// client that reads no reply for that long is disconnected), and for TCP no Nagle delay.
@@ -812,7 +752,7 @@ impl Socket for std::net::TcpStream {
     }
     fn configure(&self) -> std::io::Result<()> {
         let _ = self.set_nodelay(true);
-        self.set_write_timeout(Some(ftlab_server::REPLY_STALL))?;
+        self.set_write_timeout(Some(ftlab_nbd::REPLY_STALL))?;
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {
@@ -825,7 +765,7 @@ impl Socket for std::os::unix::net::UnixStream {
         self.try_clone()
     }
     fn configure(&self) -> std::io::Result<()> {
-        self.set_write_timeout(Some(ftlab_server::REPLY_STALL))?;
+        self.set_write_timeout(Some(ftlab_nbd::REPLY_STALL))?;
         self.set_nonblocking(false)
     }
     fn shut_reading(&self) {
@@ -961,7 +901,7 @@ fn write_pidfile(path: &Path) -> Result<()> {
             );
         }
     }
-    let tmp = ftlab_server::tmp_path_beside(path);
+    let tmp = ftlab_device::tmp_path_beside(path);
     std::fs::write(&tmp, format!("{}\n", std::process::id()))
         .with_context(|| format!("--pidfile: writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("--pidfile {}", path.display()))

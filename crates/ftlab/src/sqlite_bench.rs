@@ -4,6 +4,7 @@
 //! tmpfs with SQLite's default VFS.
 
 use anyhow::{Context, Result};
+use ftlab_core::rng::SplitMix64;
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -65,25 +66,13 @@ CREATE TABLE IF NOT EXISTS commits(n INTEGER);
 const ITEMS: i64 = 10_000;
 const CUSTOMERS: u64 = 3_000;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-fn text(rng: &mut Rng, bytes: usize) -> String {
+fn text(rng: &mut SplitMix64, bytes: usize) -> String {
     const WORDS: [&str; 8] = [
         "alpha", "beta", "gamma", "delta", "flash", "page", "block", "erase",
     ];
     let mut s = String::with_capacity(bytes + 8);
     while s.len() < bytes {
-        s.push_str(WORDS[(rng.next() % 8) as usize]);
+        s.push_str(WORDS[(rng.next_u64() % 8) as usize]);
         s.push(' ');
     }
     s
@@ -111,7 +100,7 @@ fn workload(
     );
     c.execute_batch(&format!("PRAGMA synchronous={}", args.synchronous))?;
     c.execute_batch(SCHEMA)?;
-    let mut rng = Rng(args.seed);
+    let mut rng = SplitMix64::new(args.seed);
     let start = Instant::now();
     let stocked: i64 = c.query_row("SELECT count(*) FROM stock", [], |r| r.get(0))?;
     if stocked == 0 {
@@ -135,14 +124,14 @@ fn workload(
     for t in 0..args.transactions {
         c.execute_batch("BEGIN")?;
         for _ in 0..10 {
-            let item = (rng.next() % ITEMS as u64) as i64;
-            let amount = (1 + rng.next() % 10) as i64;
-            let customer = (rng.next() % CUSTOMERS) as i64;
+            let item = (rng.next_u64() % ITEMS as u64) as i64;
+            let amount = (1 + rng.next_u64() % 10) as i64;
+            let customer = (rng.next_u64() % CUSTOMERS) as i64;
             insert.execute((customer, item, amount, text(&mut rng, 40)))?;
             update.execute((item, amount))?;
         }
         for _ in 0..5 {
-            let customer = (rng.next() % CUSTOMERS) as i64;
+            let customer = (rng.next_u64() % CUSTOMERS) as i64;
             let sum: Option<i64> = by_customer.query_row([customer], |r| r.get(0))?;
             digest = digest
                 .wrapping_mul(31)

@@ -4,7 +4,7 @@
 //! the directory themselves (its lock keeps two writers apart).
 
 use anyhow::{Context, Result};
-use ftlab_server::Device;
+use ftlab_device::Device;
 use ftlab_store::durable::{device_geometry, DataDir, ModelRequest, VolumeKind};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -125,7 +125,7 @@ impl Control {
 fn execute(
     device: &Device,
     policy: Option<&Path>,
-    principal: &ftlab_server::policy::Principal,
+    principal: &ftlab_device::policy::Principal,
     c: &Control,
 ) -> serde_json::Value {
     let started = Instant::now();
@@ -134,9 +134,18 @@ fn execute(
         let Some(path) = policy else {
             return serde_json::json!({"ok": false, "error": "this server has no --policy file"});
         };
-        return match crate::serve::reload_policy(device, path) {
-            Ok(statements) => serde_json::json!({"ok": true, "statements": statements}),
-            Err(e) => serde_json::json!({"ok": false, "error": e}),
+        return match device.reload_policy(path) {
+            Ok(statements) => {
+                eprintln!(
+                    "ftlab serve: {}: policy reloaded ({statements} statements)",
+                    path.display()
+                );
+                serde_json::json!({"ok": true, "statements": statements})
+            }
+            Err(e) => {
+                eprintln!("ftlab serve: policy not reloaded, the old one stays: {e}");
+                serde_json::json!({"ok": false, "error": format!("not reloaded, the old policy stays: {e}")})
+            }
         };
     }
     let (action, name) = match c {
@@ -239,7 +248,7 @@ fn answer(device: &Device, policy: Option<&Path>, stream: UnixStream) -> Result<
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_CONTROL_LINE_BYTES)).read_line(&mut line)?;
-    let principal = crate::serve::unix_principal(&stream);
+    let principal = ftlab_device::policy::Principal::of_unix_peer(&stream);
     let reply = match Control::parse(line.trim_end()) {
         Ok(c) => {
             let reply = execute(device, policy, &principal, &c);
@@ -412,7 +421,7 @@ fn export(source: &str, file: &Path) -> Result<()> {
             file.display()
         );
     }
-    let tmp = ftlab_server::tmp_path_beside(file);
+    let tmp = ftlab_device::tmp_path_beside(file);
     let out = std::fs::File::create(&tmp).with_context(|| tmp.display().to_string())?;
     let write = || -> Result<u64> {
         out.set_len(pages * page_bytes as u64)?;

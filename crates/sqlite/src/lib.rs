@@ -23,7 +23,7 @@
 mod cache;
 
 use cache::{PageCache, PAGE_BYTES};
-use ftlab_server::{Device, DeviceOptions, LocalCommand};
+use ftlab_device::{Device, DeviceOptions, IoError, LocalCommand};
 use rusqlite::ffi;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -187,19 +187,18 @@ impl Dev {
             DeviceOptions {
                 export_name: "sqlite".into(),
                 exports: Vec::new(),
-                latency: ftlab_server::Latency::None,
+                latency: ftlab_device::Latency::None,
                 codec,
                 record: None,
-                record_format: ftlab_server::RecordFormat::Nbdkit,
+                record_format: ftlab_device::RecordFormat::Nbdkit,
                 mem_limit_bytes: None,
-                limits: Default::default(),
+                max_inflight_bytes: ftlab_device::DEFAULT_MAX_INFLIGHT_BYTES,
                 read_only: false,
                 data: dir.clone(),
-                durability: ftlab_server::Durability::Flush,
+                durability: ftlab_device::Durability::Flush,
                 checkpoint_every_bytes: 256 << 20,
                 cache_bytes: 16 << 20,
                 cache_policy: Default::default(),
-                tls: None,
             },
         )
         .map_err(|e| e.to_string())?;
@@ -216,7 +215,7 @@ impl Dev {
         let mut page = Vec::new();
         dev.device
             .local(LocalCommand::Read, 0, &[], HEADER_BYTES as u32, &mut page)
-            .map_err(|e| format!("reading the file table: NBD error {e}"))?;
+            .map_err(|e| format!("reading the file table: {e}"))?;
         if let Some(t) = Table::decode(&page) {
             *lock(&dev.table) = t;
         }
@@ -235,7 +234,7 @@ impl Dev {
     }
 
     /// Writes the table if it changed.
-    fn write_table(&self, table: &mut Table) -> Result<(), u32> {
+    fn write_table(&self, table: &mut Table) -> Result<(), IoError> {
         if table.dirty {
             let mut none = Vec::new();
             self.device
@@ -246,7 +245,7 @@ impl Dev {
     }
 
     /// Reads `buf.len()` bytes of a file from `offset`, through the cache.
-    fn read(&self, kind: Kind, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+    fn read(&self, kind: Kind, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let (base, _) = self.range(kind);
         let mut cache = lock(&self.cache);
         let first = offset / PAGE_BYTES;
@@ -292,7 +291,7 @@ impl Dev {
 
     /// Writes `data` into a file at `offset`, through the cache; `size_bytes` is the file's
     /// size before (pages wholly past it need not be read).
-    fn write(&self, kind: Kind, offset: u64, data: &[u8], size_bytes: u64) -> Result<(), u32> {
+    fn write(&self, kind: Kind, offset: u64, data: &[u8], size_bytes: u64) -> Result<(), IoError> {
         let (base, _) = self.range(kind);
         let mut at = 0usize;
         let mut pos = offset;
@@ -343,7 +342,7 @@ impl Dev {
     }
 
     /// Sends every dirty page to the device.
-    fn write_back(&self) -> Result<(), u32> {
+    fn write_back(&self) -> Result<(), IoError> {
         let runs = lock(&self.cache).take_dirty(None, RUN_PAGES);
         for run in runs {
             let kind = match run.kind {
@@ -364,7 +363,7 @@ impl Dev {
     }
 
     /// What fsync does: the dirty pages, then the table (the files' sizes), then a FLUSH.
-    fn flush(&self) -> Result<(), u32> {
+    fn flush(&self) -> Result<(), IoError> {
         self.write_back()?;
         self.write_table(&mut lock(&self.table))?;
         self.device
@@ -380,7 +379,7 @@ impl Dev {
 impl Drop for Dev {
     fn drop(&mut self) {
         if let Err(e) = self.flush() {
-            eprintln!("ftlab sqlite: the last flush failed: NBD error {e}");
+            eprintln!("ftlab sqlite: the last flush failed: {e}");
         }
         if let Err(e) = self.device.finish() {
             eprintln!("ftlab sqlite: closing the device: {e}");
@@ -469,23 +468,6 @@ unsafe fn state<'a>(file: *mut ffi::sqlite3_file) -> &'a mut FileState {
     unsafe { &mut *(*(file as *mut File)).state }
 }
 
-/// Parses `size=` (bytes, or with K/M/G).
-fn parse_size(s: &str) -> Option<u64> {
-    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: u64 = digits.parse().ok()?;
-    let shift = match unit {
-        "" => 0,
-        "K" | "k" => 10,
-        "M" | "m" => 20,
-        "G" | "g" => 30,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
-}
-
 unsafe extern "C" fn x_open(
     vfs: *mut ffi::sqlite3_vfs,
     name: *const c_char,
@@ -521,7 +503,7 @@ unsafe extern "C" fn x_open(
                     .map(PathBuf::from);
                 let size = match param(c"size") {
                     None => DEFAULT_DEVICE_BYTES,
-                    Some(s) => match parse_size(&s) {
+                    Some(s) => match ftlab_core::units::parse_size(&s).ok() {
                         Some(n) => n,
                         None => return ffi::SQLITE_CANTOPEN,
                     },
@@ -705,7 +687,7 @@ unsafe extern "C" fn x_write(
 
 /// Trims the whole device pages of a file's range from `from` to `to` (bytes into it: the
 /// file's old size, so only what it held).
-fn trim_from(dev: &Dev, kind: Kind, from: u64, to: u64) -> Result<(), u32> {
+fn trim_from(dev: &Dev, kind: Kind, from: u64, to: u64) -> Result<(), IoError> {
     let (base, room) = dev.range(kind);
     let page = 4096;
     let start = from.div_ceil(page) * page;

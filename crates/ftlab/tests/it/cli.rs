@@ -690,7 +690,7 @@ fn serve_never_deletes_a_file_it_was_given_as_its_socket() {
 /// Connects to a `serve` starting on `sock` and enters transmission (fixed newstyle, no
 /// zeroes, `NBD_OPT_EXPORT_NAME ""`); the export's size.
 fn nbd_connect(sock: &std::path::Path) -> (std::os::unix::net::UnixStream, u64) {
-    use ftlab_server::protocol as p;
+    use ftlab_nbd::protocol as p;
     use std::io::{Read, Write};
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut s = loop {
@@ -717,7 +717,7 @@ fn nbd_connect(sock: &std::path::Path) -> (std::os::unix::net::UnixStream, u64) 
 
 /// An NBD write request of `data` at `offset`, `cookie` naming it.
 fn nbd_write(cookie: u64, offset: u64, data: &[u8]) -> Vec<u8> {
-    use ftlab_server::protocol as p;
+    use ftlab_nbd::protocol as p;
     let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
     m.extend_from_slice(&0u16.to_be_bytes());
     m.extend_from_slice(&p::CMD_WRITE.to_be_bytes());
@@ -762,7 +762,7 @@ fn page_pattern(page: u64) -> Vec<u8> {
 
 #[test]
 fn sigint_drains_connections_so_the_image_holds_every_acknowledged_write() {
-    use ftlab_server::protocol as p;
+    use ftlab_nbd::protocol as p;
     use std::io::{Read, Write};
     use std::sync::atomic::{AtomicU64, Ordering};
     const PAGES: u64 = 32768; // a 128 MiB device, 4 KiB pages
@@ -1168,7 +1168,7 @@ fn serve_tells_a_script_or_service_manager_when_it_is_ready() {
 
 /// An NBD request header: `command` over [offset, offset + length), `cookie` naming it.
 fn nbd_request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
-    use ftlab_server::protocol as p;
+    use ftlab_nbd::protocol as p;
     let mut m = p::REQUEST_MAGIC.to_be_bytes().to_vec();
     m.extend_from_slice(&0u16.to_be_bytes());
     m.extend_from_slice(&command.to_be_bytes());
@@ -1198,7 +1198,7 @@ fn proc_status_bytes(pid: u32, field: &str) -> u64 {
 /// buffers.
 #[test]
 fn greedy_and_slow_clients_cannot_take_the_servers_memory() {
-    use ftlab_server::protocol as p;
+    use ftlab_nbd::protocol as p;
     use std::io::{Read, Write};
     const MIB: u64 = 1 << 20;
     const SHARED: u64 = 64 * MIB;
@@ -1312,9 +1312,9 @@ fn connections_are_limited_in_number_and_in_time() {
     let mut half = connect();
     let mut greeting = [0u8; 18];
     half.read_exact(&mut greeting).unwrap();
-    half.write_all(&ftlab_server::protocol::CLIENT_FIXED_NEWSTYLE.to_be_bytes())
+    half.write_all(&ftlab_nbd::protocol::CLIENT_FIXED_NEWSTYLE.to_be_bytes())
         .unwrap();
-    half.write_all(&ftlab_server::protocol::IHAVEOPT.to_be_bytes()[..5])
+    half.write_all(&ftlab_nbd::protocol::IHAVEOPT.to_be_bytes()[..5])
         .unwrap();
     let opened = Instant::now();
     // A fourth is one too many: closed before the greeting.

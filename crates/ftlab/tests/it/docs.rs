@@ -431,3 +431,34 @@ fn the_access_policy_example_decides_as_documented() {
     ]);
     assert!(!ok && err.contains("policy.toml:2:"), "{err}");
 }
+
+/// `ftlab --help` gives each command its own description (a doc comment once sat on the wrong
+/// command, so `snapshot` showed `check`'s and `check` showed none).
+#[test]
+fn every_command_in_the_help_has_its_own_description() {
+    let (ok, help, stderr) = ftlab(&["--help"]);
+    assert!(ok, "{stderr}");
+    let line = |command: &str| {
+        help.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{command} ")))
+            .unwrap_or_else(|| panic!("no `{command}` line in\n{help}"))
+            .to_string()
+    };
+    assert!(line("check").contains("Verify"), "{help}");
+    assert!(line("snapshot").contains("snapshots and clones"), "{help}");
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .expect("a Commands section")
+        .split("Options:")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .collect();
+    for l in &commands {
+        let mut words = l.split_whitespace();
+        let name = words.next().unwrap();
+        assert!(words.next().is_some(), "`{name}` has no description: {l:?}");
+    }
+}

@@ -4,8 +4,9 @@
 
 use crate::support::{config, temp_dir};
 use ftlab_core::rng::SplitMix64;
-use ftlab_server::protocol as p;
-use ftlab_server::{serve_connection, Device, DeviceOptions, Latency};
+use ftlab_device::{Device, DeviceOptions, Latency};
+use ftlab_nbd::protocol as p;
+use ftlab_nbd::{serve_connection, NbdOptions};
 use ftlab_store::codec::Codec;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -58,31 +59,38 @@ fn options() -> DeviceOptions {
         latency: Latency::None,
         codec: Codec::Lz4,
         record: None,
-        record_format: ftlab_server::RecordFormat::Nbdkit,
+        record_format: ftlab_device::RecordFormat::Nbdkit,
         mem_limit_bytes: None,
-        limits: Default::default(),
+        max_inflight_bytes: ftlab_device::DEFAULT_MAX_INFLIGHT_BYTES,
         read_only: false,
         data: None,
         durability: Default::default(),
         checkpoint_every_bytes: 256 << 20,
         cache_bytes: 1 << 20,
         cache_policy: Default::default(),
-        tls: None,
     }
 }
 
 /// Starts serving one end of a socket pair; returns the client's end and the server's result
 /// (its error as the log would print it).
 fn connect(device: &Arc<Device>) -> (UnixStream, std::thread::JoinHandle<Result<(), String>>) {
+    connect_with(device, &NbdOptions::default())
+}
+
+/// [`connect`] to a server with these options (TLS).
+fn connect_with(
+    device: &Arc<Device>,
+    nbd: &NbdOptions,
+) -> (UnixStream, std::thread::JoinHandle<Result<(), String>>) {
     let (client, server) = UnixStream::pair().unwrap();
     // A server that stops answering fails the test instead of hanging it.
     client
         .set_read_timeout(Some(std::time::Duration::from_secs(60)))
         .unwrap();
-    let device = device.clone();
+    let (device, nbd) = (device.clone(), nbd.clone());
     let handle = std::thread::spawn(move || {
         let reader = server.try_clone().unwrap();
-        serve_connection(&device, reader, server).map_err(|e| e.to_string())
+        serve_connection(&device, &nbd, reader, server).map_err(|e| e.to_string())
     });
     (client, handle)
 }
@@ -669,7 +677,7 @@ fn the_server_models_the_configured_mapping_table() {
 
 #[test]
 fn a_zstd_dict_device_trains_its_dictionary_by_itself_once_enough_is_stored() {
-    use ftlab_server::dictionary::{DictionarySchedule, FIRST_TRAINING_PAGES};
+    use ftlab_device::dictionary::{DictionarySchedule, FIRST_TRAINING_PAGES};
     let level = 3;
     let device = device_with_codec(Latency::None, None, Codec::ZstdDict { level });
     let (mut c, _h) = Client::open(&device);
@@ -1064,10 +1072,10 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
             "ftl.streams=3",
         ],
     );
-    let spec = |name: &str, size: Option<u64>, handle: u8| ftlab_server::ExportSpec {
+    let spec = |name: &str, size: Option<u64>, handle: u8| ftlab_device::ExportSpec {
         name: name.into(),
         size_bytes: size,
-        placement: ftlab_server::Placement::handle(handle),
+        placement: ftlab_device::Placement::handle(handle),
         ..Default::default()
     };
     let dir = temp_dir("exports");
@@ -1180,7 +1188,7 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
     assert!(e.contains("export `y`") && e.contains("do not fit"), "{e}");
     let e = refused(vec![spec("x", Some(1 << 20), 0), spec("x", None, 0)]);
     assert!(e.contains("named twice"), "{e}");
-    let e = refused(vec![ftlab_server::ExportSpec {
+    let e = refused(vec![ftlab_device::ExportSpec {
         handles: vec![2],
         ..spec("x", None, 1)
     }]);
@@ -1188,7 +1196,7 @@ fn exports_share_the_device_and_keep_to_their_own_ranges() {
 
     // A placement handle list: this export's placement handle 0 is the device's handle 2.
     let listed = DeviceOptions {
-        exports: vec![ftlab_server::ExportSpec {
+        exports: vec![ftlab_device::ExportSpec {
             handles: vec![2],
             ..spec("x", None, 0)
         }],
@@ -1627,19 +1635,22 @@ fn tls_client(pki: &std::path::Path, client: Option<&str>) -> rustls::ClientConn
     rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap()
 }
 
-fn tls_device(pki: &std::path::Path, mode: ftlab_server::tls::TlsMode) -> Arc<Device> {
-    let setup = ftlab_server::tls::TlsSetup::load(
+fn tls_device(pki: &std::path::Path, mode: ftlab_nbd::tls::TlsMode) -> (Arc<Device>, NbdOptions) {
+    let setup = ftlab_nbd::tls::TlsSetup::load(
         mode,
         &pki.join("server-cert.pem"),
         &pki.join("server-key.pem"),
         Some(&pki.join("ca-cert.pem")),
     )
     .unwrap();
-    let options = DeviceOptions {
+    let nbd = NbdOptions {
         tls: Some(Arc::new(setup)),
-        ..options()
+        ..Default::default()
     };
-    Arc::new(Device::new(&small_config(), options).unwrap())
+    (
+        Arc::new(Device::new(&small_config(), options()).unwrap()),
+        nbd,
+    )
 }
 
 /// One simple-reply request over any stream: (error, data read).
@@ -1686,14 +1697,14 @@ fn simple_request(
 /// ends the handshake.
 #[test]
 fn starttls_follows_the_spec_in_every_mode() {
-    use ftlab_server::tls::TlsMode;
+    use ftlab_nbd::tls::TlsMode;
     let dir = temp_dir("starttls");
     test_pki(dir.path());
     let pki = dir.path();
-    let device = tls_device(pki, TlsMode::Require);
+    let (device, nbd) = tls_device(pki, TlsMode::Require);
 
     // Before TLS: refused, but the connection goes on.
-    let (mut s, h) = connect(&device);
+    let (mut s, h) = connect_with(&device, &nbd);
     greet(&mut s);
     for o in [p::OPT_GO, p::OPT_LIST, p::OPT_STRUCTURED_REPLY] {
         let data = if o == p::OPT_GO {
@@ -1728,7 +1739,7 @@ fn starttls_follows_the_spec_in_every_mode() {
     h.join().unwrap().unwrap();
 
     // EXPORT_NAME cannot be refused: the connection ends.
-    let (mut s, h) = connect(&device);
+    let (mut s, h) = connect_with(&device, &nbd);
     greet(&mut s);
     option(&mut s, p::OPT_EXPORT_NAME, b"ftlab");
     let end = h.join().unwrap().unwrap_err();
@@ -1755,7 +1766,7 @@ fn starttls_follows_the_spec_in_every_mode() {
         (pki, None, "no certificates"),
     ];
     for (dir, client, why) in refusals {
-        let (mut s, h) = connect(&device);
+        let (mut s, h) = connect_with(&device, &nbd);
         greet(&mut s);
         option(&mut s, p::OPT_STARTTLS, &[]);
         assert_eq!(option_reply(&mut s).0, p::REP_ACK);
@@ -1773,8 +1784,8 @@ fn starttls_follows_the_spec_in_every_mode() {
     }
 
     // allow: a client may stay plain.
-    let device = tls_device(pki, TlsMode::Allow);
-    let (s, h) = connect(&device);
+    let (device, nbd) = tls_device(pki, TlsMode::Allow);
+    let (s, h) = connect_with(&device, &nbd);
     let (mut client, _) = go(s, "ftlab");
     assert_eq!(simple_request(&mut client.s, p::CMD_READ, 0, &[], 512).0, 0);
     drop(client);

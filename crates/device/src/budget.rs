@@ -25,12 +25,11 @@ pub const CONNECTION_ALLOWANCE_BYTES: u64 = 2 << 20;
 /// The most one connection may hold in all: its allowance and two requests of the largest size
 /// (one per worker). With latency emulation, replies wait for their simulated completion while
 /// the workers read on; this stops one client from queueing the shared budget away.
-pub const CONNECTION_MAX_BYTES: u64 = CONNECTION_ALLOWANCE_BYTES
-    + 2 * (super::protocol::MAX_REQUEST_BYTES as u64 + REQUEST_OVERHEAD_BYTES);
+pub const CONNECTION_MAX_BYTES: u64 =
+    CONNECTION_ALLOWANCE_BYTES + 2 * (crate::MAX_REQUEST_BYTES as u64 + REQUEST_OVERHEAD_BYTES);
 
 /// The smallest shared budget: one request of the largest size must fit in it.
-pub const MIN_INFLIGHT_BYTES: u64 =
-    super::protocol::MAX_REQUEST_BYTES as u64 + REQUEST_OVERHEAD_BYTES;
+pub const MIN_INFLIGHT_BYTES: u64 = crate::MAX_REQUEST_BYTES as u64 + REQUEST_OVERHEAD_BYTES;
 
 /// The server's shared budget.
 pub struct InflightBudget {

@@ -43,19 +43,6 @@ pub const ACTIONS: [&str; 9] = [
 pub const IO_ACTIONS: [(&str, u8); 4] = [("read", 1), ("write", 2), ("trim", 4), ("flush", 8)];
 pub const IO_ALL: u8 = 15;
 
-/// The bit of `IO_ACTIONS` an NBD command needs (block status and cache are reads; write
-/// zeroes is a write); a command with none of its own is let through to be refused as unknown.
-pub fn io_bit(command: u16) -> u8 {
-    use crate::protocol as p;
-    match command {
-        p::CMD_READ | p::CMD_CACHE | p::CMD_BLOCK_STATUS => 1,
-        p::CMD_WRITE | p::CMD_WRITE_ZEROES => 2,
-        p::CMD_TRIM => 4,
-        p::CMD_FLUSH => 8,
-        _ => IO_ALL,
-    }
-}
-
 /// The kinds of principal a pattern may name (before the colon), besides `anonymous` and `*`.
 const PRINCIPAL_KINDS: [&str; 4] = ["cn", "san", "uid", "gid"];
 
@@ -109,6 +96,36 @@ pub struct Principal {
 impl Principal {
     pub fn anonymous() -> Self {
         Self::default()
+    }
+
+    /// The Unix peer at the other end of `stream` (`SO_PEERCRED`): `uid:N` and `gid:N`, or
+    /// anonymous when the kernel does not say.
+    #[cfg(target_os = "linux")]
+    pub fn of_unix_peer(stream: &std::os::unix::net::UnixStream) -> Self {
+        use std::os::fd::AsRawFd;
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` and `len` are valid for the kernel to write a ucred into; the fd is
+        // open.
+        let r = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Self::anonymous();
+        }
+        Self {
+            names: vec![format!("uid:{}", cred.uid), format!("gid:{}", cred.gid)],
+        }
     }
 
     /// `anonymous`, or the names joined by commas (for logs).

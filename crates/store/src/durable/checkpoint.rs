@@ -1,0 +1,258 @@
+//! Checkpoints: the volumes' maps as of a log position, encoded, checked when read, and
+//! replaced atomically (written beside, synced, renamed, the directory synced).
+
+use super::*;
+
+/// What a checkpoint file holds.
+pub(super) struct Checkpoint {
+    pub(super) at: Position,
+    pub(super) model_entries: u64,
+    pub(super) volumes: Volumes,
+}
+
+pub(super) fn encode_checkpoint(c: &Checkpoint, page_bytes: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(CHECKPOINT_MAGIC);
+    out.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for v in [
+        c.at.segment,
+        c.at.offset as u64,
+        c.at.seq,
+        c.model_entries,
+        c.volumes.pages,
+        page_bytes as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&c.volumes.next_id.to_le_bytes());
+    out.extend_from_slice(&(c.volumes.list.len() as u16).to_le_bytes());
+    for v in &c.volumes.list {
+        out.extend_from_slice(&v.id.to_le_bytes());
+        out.push(v.kind as u8);
+        out.extend_from_slice(&v.parent.to_le_bytes());
+        out.extend_from_slice(&(v.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(v.name.as_bytes());
+        out.extend_from_slice(&v.created_seq.to_le_bytes());
+        let mut raw = Vec::with_capacity(v.map.pages as usize * 8);
+        for lpn in 0..v.map.pages {
+            raw.extend_from_slice(&v.map.get(lpn).0.to_le_bytes());
+        }
+        // Its length is known (pages x 8): no size is stored, so a crafted file cannot make
+        // the reader allocate more.
+        let packed = lz4_flex::block::compress(&raw);
+        out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
+        out.extend_from_slice(&packed);
+    }
+    let sum = twox_hash::XxHash3_64::oneshot(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Reads a checkpoint's bytes; never panics, whatever they are (a fuzz target feeds them).
+pub fn decode_checkpoint_bytes(
+    bytes: &[u8],
+    pages: u64,
+    page_bytes: usize,
+) -> Result<(Position, u64, Vec<VolumeInfo>), String> {
+    decode_checkpoint(bytes, pages, page_bytes).map(|c| (c.at, c.model_entries, c.volumes.infos()))
+}
+
+pub(super) fn decode_checkpoint(
+    bytes: &[u8],
+    pages: u64,
+    page_bytes: usize,
+) -> Result<Checkpoint, String> {
+    if bytes.len() < 8 + 8 + 48 + 4 + 8 || &bytes[..8] != CHECKPOINT_MAGIC {
+        return Err("not an ftlab checkpoint".into());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if twox_hash::XxHash3_64::oneshot(body).to_le_bytes() != sum {
+        return Err("checksum mismatch".into());
+    }
+    let mut at = 8usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        // A length read from the file may be anything: checked, never added blindly (found by
+        // the `checkpoint` fuzz target).
+        let end = at
+            .checked_add(n)
+            .filter(|&end| end <= body.len())
+            .ok_or_else(|| format!("ends at byte {} inside a field of {n} bytes", body.len()))?;
+        let s = &body[at..end];
+        at = end;
+        Ok(s)
+    };
+    let u16_ = |s: &[u8]| u16::from_le_bytes(s.try_into().expect("2 bytes"));
+    let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    let version = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+    if version != CHECKPOINT_VERSION {
+        return Err(format!(
+            "version {version} (this ftlab reads {CHECKPOINT_VERSION})"
+        ));
+    }
+    take(4)?;
+    let mut h = [0u64; 6];
+    for v in &mut h {
+        *v = u64_(take(8)?);
+    }
+    let [segment, offset, seq, model_entries, ck_pages, ck_page_bytes] = h;
+    if (ck_pages, ck_page_bytes) != (pages, page_bytes as u64) {
+        return Err(format!(
+            "a device of {ck_pages} pages of {ck_page_bytes} bytes, not {pages} of {page_bytes} \
+             (another --set capacity or flash.page_size_bytes?)"
+        ));
+    }
+    if offset as usize >= log::MAX_SEGMENT_BYTES || offset % 8 != 0 || seq == 0 {
+        return Err(format!("a position of byte {offset}, sequence {seq}"));
+    }
+    let next_id = u16_(take(2)?);
+    let count = u16_(take(2)?);
+    if count as usize > MAX_VOLUMES {
+        return Err(format!("{count} volumes (at most {MAX_VOLUMES})"));
+    }
+    let mut volumes = Volumes::new(pages);
+    volumes.list.clear();
+    volumes.next_id = next_id;
+    for _ in 0..count {
+        let id = u16_(take(2)?);
+        let kind = match take(1)?[0] {
+            0 => VolumeKind::Device,
+            1 => VolumeKind::Snapshot,
+            2 => VolumeKind::Clone,
+            k => return Err(format!("volume {id}: kind {k}")),
+        };
+        let parent = u16_(take(2)?);
+        let name_len = u16_(take(2)?) as usize;
+        let name = String::from_utf8(take(name_len)?.to_vec())
+            .map_err(|_| format!("volume {id}: a name that is not UTF-8"))?;
+        let created_seq = u64_(take(8)?);
+        let packed_len = u64_(take(8)?) as usize;
+        let packed = take(packed_len)?;
+        let raw = lz4_flex::block::decompress(packed, pages as usize * 8)
+            .map_err(|e| format!("volume {id}: its map does not decompress ({e})"))?;
+        if raw.len() as u64 != pages * 8 {
+            return Err(format!("volume {id}: a map of {} bytes", raw.len()));
+        }
+        let mut map = LocMap::new(pages);
+        for (lpn, w) in raw.chunks_exact(8).enumerate() {
+            let loc = Loc(u64_(w));
+            if !loc.is_none() && (loc.offset() == 0 || loc.bytes() == 0) {
+                return Err(format!("volume {id}: page {lpn} maps to no record"));
+            }
+            map.set(lpn as u64, loc);
+        }
+        volumes.list.push(Volume {
+            id,
+            name,
+            kind,
+            parent,
+            created_seq,
+            map,
+        });
+    }
+    if volumes.list.first().map(|v| (v.id, v.kind)) != Some((DEVICE_VOLUME, VolumeKind::Device)) {
+        return Err("the device's volume is not first".into());
+    }
+    // Live bytes, each shared record once.
+    for at in 0..volumes.list.len() {
+        let mapped: Vec<(u64, Loc)> = volumes.list[at].map.mapped().collect();
+        for (lpn, loc) in mapped {
+            let first = volumes.list[..at].iter().all(|v| v.map.get(lpn) != loc);
+            if first {
+                *volumes.live_bytes.entry(loc.segment()).or_default() += loc.bytes() as u64;
+            }
+        }
+    }
+    Ok(Checkpoint {
+        at: Position {
+            segment,
+            offset: offset as usize,
+            seq,
+        },
+        model_entries,
+        volumes,
+    })
+}
+
+impl DataDir {
+    /// Writes a checkpoint: commits the log, archives the model's requests since the last one
+    /// in `model.log` (synced), then replaces `checkpoint` atomically.
+    pub fn checkpoint(&mut self) -> Result<(), LogError> {
+        self.commit()?;
+        let at = self.writer().position();
+        // The model's archive: cut back to what the checkpoint on disk counts (a crash may have
+        // left more), then append.
+        let model_path = self.dir.join(MODEL_FILE);
+        let model = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(&model_path)
+            .map_err(io(&model_path))?;
+        let mut buf = Vec::new();
+        if self.model_entries == 0 {
+            buf.extend_from_slice(&log::segment_header(0));
+        }
+        model
+            .set_len(if self.model_entries == 0 {
+                0
+            } else {
+                self.model_len
+            })
+            .map_err(io(&model_path))?;
+        for (k, r) in self.pending.iter().enumerate() {
+            buf.extend_from_slice(&log::encode(
+                Kind::Request,
+                r.op,
+                r.offset_bytes,
+                self.model_entries + 1 + k as u64,
+                r.length_bytes,
+                &r.payload(),
+            ));
+        }
+        let start = if self.model_entries == 0 {
+            0
+        } else {
+            self.model_len
+        };
+        model
+            .write_all_at(&buf, start)
+            .and_then(|_| model.sync_data())
+            .map_err(io(&model_path))?;
+        let ck = Checkpoint {
+            at,
+            model_entries: self.model_entries + self.pending.len() as u64,
+            volumes: self.volumes.clone(),
+        };
+        let bytes = encode_checkpoint(&ck, self.page_bytes);
+        let tmp = self.dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+        let path = self.dir.join(CHECKPOINT_FILE);
+        {
+            let mut f = File::create(&tmp).map_err(io(&tmp))?;
+            f.write_all(&bytes)
+                .and_then(|_| f.sync_all())
+                .map_err(io(&tmp))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        sync_dir(&self.dir)?;
+        self.model_len = start + buf.len() as u64;
+        self.model_entries = ck.model_entries;
+        self.pending.clear();
+        self.checkpoint_at = at;
+        self.stats.checkpoints += 1;
+        self.stats.checkpoint_bytes += bytes.len() as u64;
+        self.stats.model_bytes += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes appended to the log since the last checkpoint.
+    pub fn since_checkpoint_bytes(&self) -> u64 {
+        let w = self
+            .writer
+            .as_ref()
+            .map_or(self.checkpoint_at, |w| w.position());
+        let per = log::MAX_SEGMENT_BYTES as u64;
+        (w.segment * per + w.offset as u64)
+            .saturating_sub(self.checkpoint_at.segment * per + self.checkpoint_at.offset as u64)
+    }
+}

@@ -1,0 +1,565 @@
+//! A durable device directory: the device log (`log.rs`) plus what makes it a device. Owns the
+//! volumes (the device, its snapshots and clones: each a map from LPN to the log record holding
+//! its page), checkpoints of those maps, the archive of the FTL model's requests, and the
+//! cleaner that copies live records out of mostly dead segments. Does not know: the FTL, the
+//! page store, or protocols (the server feeds it pages and requests and replays what it returns).
+//!
+//! Files in the directory:
+//!
+//! - `seg-N.log`: the log (every page write, trim, request of the model, volume change, commit).
+//! - `checkpoint`: the volumes' maps as of a log position, replaced atomically (written beside,
+//!   synced, renamed, the directory synced). Recovery starts from it and replays the log after
+//!   it; without one, from the log's start.
+//! - `model.log`: the FTL model's requests up to the checkpoint (appended before the checkpoint
+//!   is replaced), so that the model is rebuilt by replaying every request it ever saw, in order,
+//!   with its arrival time: the same report as without a crash. The model's own state is not
+//!   checkpointed (see docs/serve.md).
+//!
+//! Snapshots share records with their parent: a snapshot is a copy of a map whose chunks are
+//! shared until written (`LocMap`), so creating one copies no data and a pointer per 1024 pages.
+//! A record is live while any volume maps its LPN to it; the cleaner never frees a live record,
+//! and a segment is deleted only after a checkpoint that no longer references it is durable.
+
+use crate::log::{
+    self, recover_from, scan_segment_from, segment_indices, segment_path, sync_dir, Kind, Loc,
+    LogError, LogWriter, Position, Record,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub const CHECKPOINT_FILE: &str = "checkpoint";
+pub const MODEL_FILE: &str = "model.log";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"FTLABCKP";
+const CHECKPOINT_VERSION: u32 = 1;
+/// Pages per chunk of a volume's map: the unit shared between a snapshot and its parent.
+const CHUNK_PAGES: usize = 1024;
+/// The device itself: volume 0.
+pub const DEVICE_VOLUME: u16 = 0;
+/// Volumes at most, the device included: a checkpoint's reader allocates a map per volume.
+pub const MAX_VOLUMES: usize = 1024;
+
+mod checkpoint;
+mod cleaner;
+mod loc_map;
+mod model_log;
+mod volumes;
+
+use checkpoint::decode_checkpoint;
+
+pub use checkpoint::decode_checkpoint_bytes;
+pub use loc_map::LocMap;
+pub use model_log::{model_op, ModelRequest};
+pub use volumes::{Volume, VolumeInfo, VolumeKind, Volumes};
+
+/// The host disk's account of a durable device, for `--stats`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DiskStats {
+    pub segments: u64,
+    /// Bytes of the directory's files: segments, checkpoint, model archive.
+    pub disk_bytes: u64,
+    /// Bytes of records some volume maps.
+    pub live_bytes: u64,
+    /// Page bytes clients wrote (before the log's compression).
+    pub client_bytes: u64,
+    /// Bytes appended to the log since start (cleaner copies included), checkpoints and model
+    /// archive written.
+    pub log_bytes: u64,
+    pub cleaner_copied_bytes: u64,
+    pub checkpoint_bytes: u64,
+    pub model_bytes: u64,
+    pub checkpoints: u64,
+    pub cleaned_segments: u64,
+    /// Host-disk write amplification: everything written / client page bytes.
+    pub host_waf: f64,
+}
+
+/// What opening a directory found.
+#[derive(Debug, Default)]
+pub struct Opened {
+    /// Every request the FTL model saw, in order: replay them to rebuild it.
+    pub requests: Vec<ModelRequest>,
+    /// Log records read after the checkpoint.
+    pub replayed_records: u64,
+    /// The checkpoint's sequence number (0: none).
+    pub checkpoint_seq: u64,
+    pub dropped_bytes: u64,
+    pub dropped_why: Option<String>,
+}
+
+/// Open segment files, shared with readers outside the directory's lock: a reader holding a
+/// file keeps reading it after the cleaner unlinks it.
+#[derive(Default, Debug)]
+pub struct SegmentFiles {
+    dir: PathBuf,
+    open: Mutex<HashMap<u64, Arc<File>>>,
+}
+
+impl SegmentFiles {
+    fn file(&self, segment: u64) -> Result<Arc<File>, LogError> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = open.get(&segment) {
+            return Ok(f.clone());
+        }
+        let path = segment_path(&self.dir, segment);
+        let f = Arc::new(File::open(&path).map_err(|cause| LogError::Io { path, cause })?);
+        open.insert(segment, f.clone());
+        Ok(f)
+    }
+
+    fn forget(&self, segment: u64) {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&segment);
+    }
+}
+
+/// A record located for reading: read it with `read_page` outside the directory's lock.
+pub struct Located {
+    file: Arc<File>,
+    loc: Loc,
+    path: PathBuf,
+}
+
+impl Located {
+    /// Where the record is: records never change once written, so this names its bytes.
+    pub fn loc(&self) -> Loc {
+        self.loc
+    }
+
+    /// Reads and verifies the record, and decodes its page into `out`.
+    pub fn read_page(&self, out: &mut [u8]) -> Result<(), LogError> {
+        let mut bytes = vec![0u8; self.loc.bytes()];
+        let bad = |why: String| LogError::BadSegment {
+            path: self.path.clone(),
+            why: format!("the record at byte {}: {why}", self.loc.offset()),
+        };
+        self.file
+            .read_exact_at(&mut bytes, self.loc.offset() as u64)
+            .map_err(|cause| LogError::Io {
+                path: self.path.clone(),
+                cause,
+            })?;
+        let r = log::decode_any(&bytes).map_err(bad)?;
+        let page = r
+            .page(out.len())
+            .ok_or_else(|| bad("does not decode to a page".into()))?;
+        out.copy_from_slice(&page);
+        Ok(())
+    }
+}
+
+/// Called with each page loaded (its LPN and bytes); an error names what went wrong.
+pub type PageVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;
+
+/// A durable device's directory, open.
+pub struct DataDir {
+    dir: PathBuf,
+    page_bytes: usize,
+    /// None: opened read-only (nothing is written, not even a torn tail cut).
+    writer: Option<LogWriter>,
+    volumes: Volumes,
+    /// Requests since the checkpoint, archived in `model.log` at the next.
+    pending: Vec<ModelRequest>,
+    /// Requests in `model.log` the checkpoint counts, and the bytes they end at.
+    model_entries: u64,
+    model_len: u64,
+    checkpoint_at: Position,
+    files: Arc<SegmentFiles>,
+    stats: DiskStats,
+    /// `DIR/lock`, locked (exclusively when writable, shared when read-only) while open:
+    /// two processes never write one directory.
+    _lock: Option<File>,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> LogError + '_ {
+    move |cause| LogError::Io {
+        path: path.to_path_buf(),
+        cause,
+    }
+}
+
+fn damaged(path: &Path, why: impl Into<String>) -> LogError {
+    LogError::Damaged {
+        path: path.to_path_buf(),
+        why: why.into(),
+    }
+}
+
+/// The file locked while a directory is open.
+pub const LOCK_FILE: &str = "lock";
+
+/// The file naming the device a directory was made for.
+pub const DEVICE_FILE: &str = "device";
+
+/// The (pages, page bytes) of the device `dir` was made for; None when it has no device file.
+pub fn device_geometry(dir: &Path) -> Result<Option<(u64, usize)>, LogError> {
+    let path = dir.join(DEVICE_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(cause) => return Err(LogError::Io { path, cause }),
+    };
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| damaged(&path, format!("no `{key}=N` line")))
+    };
+    Ok(Some((field("pages")?, field("page_bytes")? as usize)))
+}
+
+/// The position of `dir`'s checkpoint when it verifies (`repair` starts there), else the log's
+/// start.
+pub fn checkpoint_position(dir: &Path) -> Position {
+    let Ok(Some((pages, page_bytes))) = device_geometry(dir) else {
+        return Position::START;
+    };
+    std::fs::read(dir.join(CHECKPOINT_FILE))
+        .ok()
+        .and_then(|b| decode_checkpoint(&b, pages, page_bytes).ok())
+        .map_or(Position::START, |c| c.at)
+}
+
+impl DataDir {
+    /// Opens `dir` (created when absent and not `read_only`): the checkpoint, the model
+    /// archive it counts, then the log after it. Refuses, naming the file, whatever would
+    /// serve wrong data: a damaged checkpoint, a missing segment it references, a log that ends
+    /// before it, damage before a commit.
+    pub fn open(
+        dir: &Path,
+        pages: u64,
+        page_bytes: usize,
+        read_only: bool,
+        segment_bytes: usize,
+    ) -> Result<(DataDir, Opened), LogError> {
+        if !read_only {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = if read_only {
+            File::open(&lock_path).ok()
+        } else {
+            Some(
+                OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&lock_path)
+                    .map_err(io(&lock_path))?,
+            )
+        };
+        if let Some(f) = &lock {
+            let locked = if read_only {
+                f.try_lock_shared()
+            } else {
+                f.try_lock()
+            };
+            if locked.is_err() {
+                return Err(damaged(
+                    dir,
+                    "in use by another ftlab (a running `serve --data`? snapshots go through its \
+                     control socket)",
+                ));
+            }
+        }
+        match device_geometry(dir)? {
+            Some(made) if made != (pages, page_bytes) => {
+                return Err(damaged(
+                    &dir.join(DEVICE_FILE),
+                    format!(
+                        "the directory holds a device of {} pages of {} bytes \
+                         (capacity.logical_bytes={}, flash.page_size_bytes={}), not {pages} of \
+                         {page_bytes}: serve it with that configuration",
+                        made.0,
+                        made.1,
+                        made.0 * made.1 as u64,
+                        made.1
+                    ),
+                ))
+            }
+            Some(_) => {}
+            None if read_only => {}
+            None => {
+                let path = dir.join(DEVICE_FILE);
+                let tmp = dir.join(format!("{DEVICE_FILE}.tmp"));
+                let mut f = File::create(&tmp).map_err(io(&tmp))?;
+                write!(f, "ftlab device\npages={pages}\npage_bytes={page_bytes}\n")
+                    .and_then(|_| f.sync_all())
+                    .map_err(io(&tmp))?;
+                std::fs::rename(&tmp, &path).map_err(io(&path))?;
+                sync_dir(dir)?;
+            }
+        }
+        let ck_path = dir.join(CHECKPOINT_FILE);
+        let checkpoint = match std::fs::read(&ck_path) {
+            Ok(bytes) => Some(
+                decode_checkpoint(&bytes, pages, page_bytes)
+                    .map_err(|why| damaged(&ck_path, why))?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(cause) => {
+                return Err(LogError::Io {
+                    path: ck_path,
+                    cause,
+                })
+            }
+        };
+        let (at, model_entries, mut volumes) = match checkpoint {
+            Some(c) => (c.at, c.model_entries, c.volumes),
+            None => (Position::START, 0, Volumes::new(pages)),
+        };
+        // Every segment the checkpoint references must be there.
+        let present = segment_indices(dir).unwrap_or_default();
+        for &segment in volumes.live_bytes.keys() {
+            if segment < at.segment && present.binary_search(&segment).is_err() {
+                return Err(damaged(
+                    &segment_path(dir, segment),
+                    "missing, and the checkpoint maps pages to it",
+                ));
+            }
+        }
+        // The model's archive, up to what the checkpoint counts.
+        let model_path = dir.join(MODEL_FILE);
+        let mut requests = Vec::new();
+        let mut model_len = log::SEGMENT_HEADER_BYTES as u64;
+        match std::fs::read(&model_path) {
+            Ok(bytes) => {
+                let scan =
+                    log::scan_segment(&bytes, 0, 1).map_err(|why| damaged(&model_path, why))?;
+                if (scan.records.len() as u64) < model_entries {
+                    return Err(damaged(
+                        &model_path,
+                        format!(
+                            "{} requests verify where the checkpoint counts {model_entries}",
+                            scan.records.len()
+                        ),
+                    ));
+                }
+                for r in &scan.records[..model_entries as usize] {
+                    requests.push(ModelRequest::of(r).map_err(|why| damaged(&model_path, why))?);
+                    model_len = (r.offset + r.bytes) as u64;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && model_entries == 0 => {}
+            Err(cause) => {
+                return Err(LogError::Io {
+                    path: model_path,
+                    cause,
+                })
+            }
+        }
+        let archived = requests.len();
+        let recovered = recover_from(dir, at, &mut |r: &Record| {
+            if r.kind == Kind::Request {
+                requests.push(ModelRequest::of(r)?);
+            }
+            // The segment: where the scan is (records of a segment come together).
+            volumes.apply(r, r.segment)
+        })?;
+        let pending = requests[archived..].to_vec();
+        let tail = log::tail_position(&recovered);
+        let writer = if read_only {
+            None
+        } else {
+            Some(LogWriter::resume(dir, tail, segment_bytes)?)
+        };
+        let files = Arc::new(SegmentFiles {
+            dir: dir.to_path_buf(),
+            open: Mutex::default(),
+        });
+        let opened = Opened {
+            requests,
+            replayed_records: recovered.replayed,
+            checkpoint_seq: at.seq - 1,
+            dropped_bytes: recovered.dropped_bytes,
+            dropped_why: recovered.dropped_why,
+        };
+        let mut data = DataDir {
+            dir: dir.to_path_buf(),
+            page_bytes,
+            writer,
+            volumes,
+            pending,
+            model_entries,
+            model_len,
+            checkpoint_at: at,
+            files,
+            stats: DiskStats::default(),
+            _lock: lock,
+        };
+        data.refresh_disk_stats();
+        Ok((data, opened))
+    }
+
+    fn writer(&mut self) -> &mut LogWriter {
+        self.writer
+            .as_mut()
+            .expect("a read-only directory is never written")
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.writer.is_none()
+    }
+
+    /// Appends a page of `volume` (the device: 0).
+    pub fn write_page(&mut self, volume: u16, lpn: u64, page: &[u8]) -> Result<(), LogError> {
+        let (codec, payload) = log::pack_page(page);
+        self.write_packed(volume, lpn, page.len(), codec, &payload)
+    }
+
+    /// As `write_page`, the page packed already (`log::pack_page`, outside the lock).
+    pub fn write_packed(
+        &mut self,
+        volume: u16,
+        lpn: u64,
+        page_bytes: usize,
+        codec: u8,
+        payload: &[u8],
+    ) -> Result<(), LogError> {
+        let at = self
+            .volumes
+            .index(volume)
+            .ok_or_else(|| damaged(&self.dir, format!("volume {volume} does not exist")))?;
+        let (_, loc) = self
+            .writer()
+            .append_volume(Kind::Page, codec, volume, lpn, 0, payload)?;
+        self.volumes.set(at, lpn, loc);
+        self.stats.client_bytes += page_bytes as u64;
+        Ok(())
+    }
+
+    /// Appends a trim of `pages` pages of `volume` from `lpn`.
+    pub fn trim(&mut self, volume: u16, lpn: u64, pages: u64) -> Result<(), LogError> {
+        let at = self
+            .volumes
+            .index(volume)
+            .ok_or_else(|| damaged(&self.dir, format!("volume {volume} does not exist")))?;
+        let end = lpn + pages;
+        let mut first = lpn;
+        // A trim record covers at most u32::MAX pages; longer trims take several.
+        while first < end {
+            let n = (end - first).min(u64::from(u32::MAX));
+            self.writer()
+                .append_volume(Kind::Trim, 0, volume, first, n as u32, &[])?;
+            first += n;
+        }
+        for l in lpn..end {
+            self.volumes.set(at, l, Loc::NONE);
+        }
+        Ok(())
+    }
+
+    /// Appends a request the FTL model saw.
+    pub fn request(&mut self, r: ModelRequest) -> Result<(), LogError> {
+        self.writer().append_volume(
+            Kind::Request,
+            r.op,
+            0,
+            r.offset_bytes,
+            r.length_bytes,
+            &r.payload(),
+        )?;
+        self.pending.push(r);
+        Ok(())
+    }
+
+    /// Makes everything appended durable: a commit record and `fdatasync`. Returns the last
+    /// sequence number it covers.
+    pub fn commit(&mut self) -> Result<u64, LogError> {
+        self.writer().commit()
+    }
+
+    /// The last sequence number appended.
+    pub fn last_seq(&self) -> u64 {
+        self.writer
+            .as_ref()
+            .map_or(self.checkpoint_at.seq - 1, |w| w.last_seq())
+    }
+
+    /// Reads the records at `pages` (sorted by `Loc`), each segment read once, and hands each
+    /// page to `visit`.
+    pub fn load_pages(
+        &self,
+        pages: &[(Loc, u64)],
+        visit: &mut PageVisitor,
+    ) -> Result<(), LogError> {
+        let mut page = vec![0u8; self.page_bytes];
+        let mut k = 0;
+        while k < pages.len() {
+            let segment = pages[k].0.segment();
+            let path = segment_path(&self.dir, segment);
+            let bytes = std::fs::read(&path).map_err(io(&path))?;
+            while k < pages.len() && pages[k].0.segment() == segment {
+                let (loc, lpn) = pages[k];
+                let bad = |why: String| {
+                    damaged(&path, format!("the record at byte {}: {why}", loc.offset()))
+                };
+                let r = bytes
+                    .get(loc.offset()..loc.offset() + loc.bytes())
+                    .ok_or_else(|| bad("beyond the end of the segment".into()))
+                    .and_then(|b| log::decode_any(b).map_err(bad))?;
+                if r.kind != Kind::Page || r.lpn != lpn {
+                    return Err(bad(format!(
+                        "a {:?} record of page {}, where page {lpn} was mapped",
+                        r.kind, r.lpn
+                    )));
+                }
+                let p = r
+                    .page(self.page_bytes)
+                    .ok_or_else(|| bad("does not decode to a page".into()))?;
+                page.copy_from_slice(&p);
+                visit(lpn, &page).map_err(bad)?;
+                k += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `volume`'s page `lpn` is, to read outside the lock; None: unmapped (zeros).
+    pub fn locate(&mut self, volume: u16, lpn: u64) -> Result<Option<Located>, LogError> {
+        let v = self
+            .volumes
+            .get(volume)
+            .ok_or_else(|| damaged(&self.dir, format!("volume {volume} does not exist")))?;
+        let loc = v.map.get(lpn);
+        if loc.is_none() {
+            return Ok(None);
+        }
+        // The record may still be pending in the writer.
+        if let Some(w) = self.writer.as_mut().filter(|w| w.pending_at(loc)) {
+            w.flush()?;
+        }
+        Ok(Some(Located {
+            file: self.files.file(loc.segment())?,
+            loc,
+            path: segment_path(&self.dir, loc.segment()),
+        }))
+    }
+
+    /// Checks every volume's map against the log: each mapped record reads back, verifies and
+    /// is a page of its LPN. Returns the records checked.
+    pub fn verify(&self) -> Result<u64, LogError> {
+        let mut checked = 0;
+        for v in &self.volumes.list {
+            let mut pages: Vec<(Loc, u64)> = v.map.mapped().map(|(l, p)| (p, l)).collect();
+            pages.sort_unstable();
+            self.load_pages(&pages, &mut |_, _| {
+                checked += 1;
+                Ok(())
+            })?;
+        }
+        Ok(checked)
+    }
+}
+
+#[cfg(test)]
+mod tests;
