@@ -126,7 +126,7 @@ impl BlockManager {
     /// `stream` (its placement).
     pub fn take_free(&mut self, group: u8, stream: u8) -> Option<u32> {
         let sb = self.free[usize::from(group)].pop_front()?;
-        debug_assert_eq!(self.state[sb as usize], SuperblockState::Free);
+        assert_eq!(self.state[sb as usize], SuperblockState::Free);
         debug_assert_eq!(self.valid_count[sb as usize], 0);
         self.state[sb as usize] = SuperblockState::Open;
         self.stream[sb as usize] = stream;
