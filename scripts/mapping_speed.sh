@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's speed bars of the mapping tables ("Current results"): runs
+# Reproduces the speed bars of the mapping tables (docs/results.md): runs
 # `ftlab mapbench --ppns both --repeat 5 --json F TRACE` ROUNDS times over each trace, one process
 # per run, and prints each figure as the median [min-max] over the rounds. Separate processes,
 # because a process's rates move together (where its memory landed, what else the host ran then);

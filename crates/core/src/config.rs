@@ -23,12 +23,12 @@ pub const PRESETS: &[Preset] = &[
     Preset {
         name: "hexa",
         toml: include_str!("../presets/hexa.toml"),
-        summary: "Hexa-SSD paper (seed 003): 8x8 dies, 8 KiB pages, 256 pages/block, read 60 us, program 700 us, 64 MiB buffer",
+        summary: "The Hexa-SSD paper's evaluation: 8x8 dies, 8 KiB pages, 256 pages/block, read 60 us, program 700 us, 64 MiB buffer",
     },
     Preset {
         name: "femu-fdp",
         toml: include_str!("../presets/femu-fdp.toml"),
-        summary: "NVMe FDP (TP4146) on FEMU bbssd as seed 001: 8 persistently isolated handles, GC at 60 %, the LSM workload placed by tier",
+        summary: "NVMe FDP (TP4146) on FEMU bbssd as the FDP Ethereum Benchmark runs it: 8 persistently isolated handles, GC at 60 %, the LSM workload placed by tier",
     },
     Preset {
         name: "validation-uniform",

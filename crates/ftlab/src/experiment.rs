@@ -2,9 +2,9 @@
 //! parallel, resumable (a point whose report exists is not run again), gathered into one CSV and
 //! drawn as the paper's figure.
 //!
-//! `hexa`: the Hexa-SSD paper's grid (../shared/seeds/003) on the `hexa` preset: protected ratio
+//! `hexa`: the Hexa-SSD paper's grid on the `hexa` preset: protected ratio
 //! x write buffer x buffer policy x workload (IOPS; UD/MD/GUD/GMD traffic). `fdp`: the FDP
-//! benchmark's (../shared/seeds/001), in `experiment_fdp`.
+//! FDP Ethereum Benchmark's, in `experiment_fdp`.
 
 use anyhow::{Context, Result};
 use ftlab_core::config::{Config, ConfigBuilder};

@@ -1,4 +1,4 @@
-//! `ftlab experiment fdp`: seed 001's FDP benchmark without a VM: the LSM workload (docs/lsm.md)
+//! `ftlab experiment fdp`: the FDP Ethereum Benchmark without a VM: the LSM workload (docs/lsm.md)
 //! on the FEMU preset with five reclaim unit handles, placed four ways (the seed's tiers as
 //! placement IDs, one PID for all, the device's auto placement, ideal placement by true
 //! lifetimes) at each GC threshold; a CSV row per point and a figure (WAF over the data written,
