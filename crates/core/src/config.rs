@@ -247,7 +247,7 @@ pub enum GeneratorKind {
 }
 
 impl GeneratorKind {
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self, crate::units::UnknownChoice> {
         Ok(match name {
             "sequential" | "seq" => Self::Sequential,
             "uniform" | "random" => Self::Uniform,
@@ -256,8 +256,10 @@ impl GeneratorKind {
             "jesd219" => Self::Jesd219,
             "lsm" => Self::Lsm,
             other => {
-                return Err(format!(
-                    "unknown workload `{other}` (sequential, uniform, zipf, hotcold, jesd219, lsm)"
+                return Err(crate::units::UnknownChoice::new(
+                    other,
+                    "the workload",
+                    "sequential, uniform, zipf, hotcold, jesd219 or lsm",
                 ))
             }
         })
@@ -469,7 +471,8 @@ pub enum LsmPlacement {
 impl WorkloadConfig {
     /// The generator `kind` names.
     pub fn generator(&self) -> Result<GeneratorKind, ConfigError> {
-        GeneratorKind::parse(&self.kind).map_err(|reason| invalid("workload.kind", reason))
+        GeneratorKind::parse(&self.kind)
+            .map_err(|reason| invalid("workload.kind", reason.to_string()))
     }
 }
 
@@ -882,11 +885,16 @@ impl TraceFormat {
 
     /// A format by name, as `--format` and `workload.format` take it: the names (and aliases)
     /// are the serde ones, so the two cannot drift apart.
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self, crate::units::UnknownChoice> {
         use serde::de::IntoDeserializer;
         use serde::Deserialize;
-        Self::deserialize(name.into_deserializer())
-            .map_err(|e: serde::de::value::Error| format!("trace format: {e}"))
+        Self::deserialize(name.into_deserializer()).map_err(|_: serde::de::value::Error| {
+            crate::units::UnknownChoice::new(
+                name,
+                "the trace format",
+                "msr, nbdkit, disksim (or mqsim, ascii), blkparse or fio",
+            )
+        })
     }
 
     pub fn name(self) -> &'static str {

@@ -1,5 +1,5 @@
-//! Sizes as people write them on a command line or in a file name's options (`64M`, `4k`,
-//! `1G`): the one parser every front end shares.
+//! What people write on a command line or in a file name's options: sizes (`64M`, `4k`,
+//! `1G`), with the one parser every front end shares, and named choices (`--latency real`).
 
 /// Why a size did not parse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -8,6 +8,27 @@ pub enum SizeError {
     NotASize(String),
     #[error("`{0}`: the size must be between 1 byte and 2^64")]
     OutOfRange(String),
+}
+
+/// A name that is none of the choices a setting takes: "`{value}`: {what} is {choices}".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}`: {what} is {choices}")]
+pub struct UnknownChoice {
+    pub value: String,
+    /// The setting, as a sentence names it ("the cache policy").
+    pub what: &'static str,
+    /// The choices, as a sentence lists them ("arc or lru").
+    pub choices: &'static str,
+}
+
+impl UnknownChoice {
+    pub fn new(value: &str, what: &'static str, choices: &'static str) -> Self {
+        Self {
+            value: value.to_string(),
+            what,
+            choices,
+        }
+    }
 }
 
 /// Bytes, or a whole number with a binary suffix `K`, `M`, `G` or `T` (either case): `64M` is

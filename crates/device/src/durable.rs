@@ -4,9 +4,11 @@
 
 use crate::options::LOG_SEGMENT_BYTES;
 use crate::CommandKind;
-use crate::{Device, DeviceError, DeviceOptions, Durability, IoError, Placement, State};
+use crate::{
+    Device, DeviceError, DeviceOptions, Durability, IoError, Placement, State, VolumeError,
+};
 use ftlab_core::request::{Op, Request as FtlRequest};
-use ftlab_store::durable::{DataDir, VolumeKind};
+use ftlab_store::durable::{DataDir, DirOptions, VolumeKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -112,10 +114,12 @@ impl Device {
         let page_bytes = geometry.page_size_bytes as usize;
         let (data, opened) = DataDir::open(
             dir,
-            geometry.logical_pages,
-            page_bytes,
-            options.read_only,
-            LOG_SEGMENT_BYTES,
+            &DirOptions {
+                pages: geometry.logical_pages,
+                page_bytes,
+                read_only: options.read_only,
+                segment_bytes: LOG_SEGMENT_BYTES,
+            },
         )
         .map_err(log_error)?;
         let mut clock_ns = 0;
@@ -239,7 +243,7 @@ impl Device {
         from: Option<&str>,
         name: &str,
         clone: bool,
-    ) -> Result<u16, String> {
+    ) -> Result<u16, VolumeError> {
         let d = self.writable_durable()?;
         let kind = if clone {
             VolumeKind::Clone
@@ -253,7 +257,7 @@ impl Device {
     }
 
     /// Deletes a snapshot or clone; the cleaner frees the records only it held.
-    pub fn delete_volume(&self, name: &str) -> Result<(), String> {
+    pub fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
         let d = self.writable_durable()?;
         d.lock().delete_volume(name)?;
         d.synced_seq
@@ -269,10 +273,10 @@ impl Device {
             .unwrap_or_default()
     }
 
-    fn writable_durable(&self) -> Result<&Durable, String> {
+    fn writable_durable(&self) -> Result<&Durable, VolumeError> {
         match &self.durable {
-            None => Err("snapshots need a durable device (serve --data DIR)".into()),
-            Some(_) if self.options.read_only => Err("the device is read-only".into()),
+            None => Err(VolumeError::NotDurable),
+            Some(_) if self.options.read_only => Err(VolumeError::ReadOnly),
             Some(d) => Ok(d),
         }
     }

@@ -122,3 +122,14 @@ fn name_some(errors: &[ftlab_store::StoreError]) -> String {
     }
     named.join("; ")
 }
+
+/// Why a snapshot or clone was not made or deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("snapshots need a durable device (serve --data DIR)")]
+    NotDurable,
+    #[error("the device is read-only")]
+    ReadOnly,
+    #[error(transparent)]
+    Durable(#[from] ftlab_store::durable::DurableError),
+}

@@ -23,7 +23,7 @@ pub mod policy;
 mod stats;
 
 pub use command::{Allocation, Command, CommandKind, IoError, LocalCommand};
-pub use error::DeviceError;
+pub use error::{DeviceError, VolumeError};
 pub use exports::Target;
 pub use ftlab_core::request::Placement;
 pub use ftlab_sim::placement::PlacementRanges;

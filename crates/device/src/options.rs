@@ -2,6 +2,7 @@
 //! end works within.
 
 use crate::{Placement, PlacementRanges, RecordFormat};
+use ftlab_core::units::UnknownChoice;
 use ftlab_store::codec::Codec;
 
 /// The largest request the device takes (a read's data or a write's payload): 32 MiB, as the
@@ -29,7 +30,7 @@ pub enum Latency {
 }
 
 impl Latency {
-    pub fn parse(s: &str) -> Result<Latency, String> {
+    pub fn parse(s: &str) -> Result<Latency, UnknownChoice> {
         match s {
             "none" => Ok(Latency::None),
             "real" => Ok(Latency::Real),
@@ -38,7 +39,7 @@ impl Latency {
                 .and_then(|x| x.parse::<f64>().ok())
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .map(Latency::Scaled)
-                .ok_or_else(|| format!("`{s}`: latency is none, real or scaled:FACTOR")),
+                .ok_or_else(|| UnknownChoice::new(s, "latency", "none, real or scaled:FACTOR")),
         }
     }
 }
@@ -88,12 +89,16 @@ pub enum Durability {
 }
 
 impl Durability {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, UnknownChoice> {
         match s {
             "flush" => Ok(Self::Flush),
             "always" => Ok(Self::Always),
             "never" => Ok(Self::Never),
-            other => Err(format!("`{other}`: durability is flush, always or never")),
+            other => Err(UnknownChoice::new(
+                other,
+                "durability",
+                "flush, always or never",
+            )),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use ftlab_store::cache::{zipf_stream, CachePolicy, PageCache};
-use ftlab_store::durable::DataDir;
+use ftlab_store::durable::{DataDir, DirOptions};
 use std::path::Path;
 use std::time::Instant;
 
@@ -62,7 +62,7 @@ fn run_stream(
 pub fn run(machine: String, work_dir: &Path) -> Result<()> {
     let dir = work_dir.join("cache-log");
     let _ = std::fs::remove_dir_all(&dir);
-    let (mut data, _) = DataDir::open(&dir, PAGES, PAGE_BYTES, false, 32 << 20)?;
+    let (mut data, _) = DataDir::open(&dir, &DirOptions::new(PAGES, PAGE_BYTES))?;
     for lpn in 0..PAGES {
         data.write_page(0, lpn, &page(lpn))?;
     }

@@ -407,7 +407,7 @@ const RECORD_EPOCH_NS: u64 = 1_767_225_600_000_000_000;
 
 /// `ftlab check DIR [--repair]`.
 fn check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
-    use ftlab_store::durable::{checkpoint_position, device_geometry, DataDir};
+    use ftlab_store::durable::{checkpoint_position, device_geometry, DataDir, DirOptions};
     anyhow::ensure!(dir.is_dir(), "{}: not a directory", dir.display());
     let Some((pages, page_bytes)) = device_geometry(dir)? else {
         anyhow::bail!(
@@ -416,7 +416,15 @@ fn check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
             ftlab_store::durable::DEVICE_FILE
         );
     };
-    let open = || DataDir::open(dir, pages, page_bytes, true, 1 << 20);
+    let open = || {
+        DataDir::open(
+            dir,
+            &DirOptions {
+                segment_bytes: 1 << 20,
+                ..DirOptions::new(pages, page_bytes).read_only()
+            },
+        )
+    };
     let (data, opened) = match open() {
         Ok(o) => o,
         Err(e) if repair => {

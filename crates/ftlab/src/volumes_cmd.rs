@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use ftlab_device::Device;
-use ftlab_store::durable::{device_geometry, DataDir, ModelRequest, VolumeKind};
+use ftlab_store::durable::{device_geometry, DataDir, DirOptions, ModelRequest, VolumeKind};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -170,7 +170,8 @@ fn execute(
             .map(|_| ()),
         Control::Delete { name } => device.delete_volume(name),
         Control::List | Control::ReloadPolicy => Ok(()),
-    };
+    }
+    .map_err(|e| e.to_string());
     if !matches!(c, Control::List) {
         device.audit(
             "volume",
@@ -286,7 +287,14 @@ fn open_offline(dir: &Path, read_only: bool) -> Result<DataDir> {
             ftlab_store::durable::DEVICE_FILE
         );
     };
-    Ok(DataDir::open(dir, pages, page_bytes, read_only, 32 << 20)?.0)
+    Ok(DataDir::open(
+        dir,
+        &DirOptions {
+            read_only,
+            ..DirOptions::new(pages, page_bytes)
+        },
+    )?
+    .0)
 }
 
 fn print_volumes(volumes: &[ftlab_store::durable::VolumeInfo]) {
@@ -431,8 +439,8 @@ fn export(source: &str, file: &Path) -> Result<()> {
         data.load_pages(&locs, &mut |lpn, page| {
             written += 1;
             out.write_all_at(page, lpn * page_bytes as u64)
-                .map_err(|e| e.to_string())
-        })?;
+        })
+        .with_context(|| format!("exporting into {}", tmp.display()))?;
         out.sync_all()?;
         Ok(written)
     };
@@ -472,7 +480,7 @@ fn import(config: &crate::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    let (mut data, _) = DataDir::open(dir, geometry.logical_pages, page_bytes, false, 32 << 20)?;
+    let (mut data, _) = DataDir::open(dir, &DirOptions::new(geometry.logical_pages, page_bytes))?;
     let mut page = vec![0u8; page_bytes];
     let mut written = 0u64;
     let mut run: Option<(u64, u64)> = None;

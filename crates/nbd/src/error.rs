@@ -21,7 +21,7 @@ pub enum ConnectionError {
     #[error("export `{0}` asked for before TLS, which this server requires")]
     TlsRequired(String),
     #[error("TLS handshake: {0}")]
-    Tls(String),
+    Tls(#[from] crate::tls::HandshakeError),
     #[error("write of {0} bytes (at most {max}): cannot stay in sync", max = p::MAX_REQUEST_BYTES)]
     WriteTooLong(u32),
     #[error(

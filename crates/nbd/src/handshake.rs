@@ -123,7 +123,7 @@ pub(crate) fn handshake<R: Incoming, W: Write>(
                                 serde_json::json!({
                                     "principal": principal.describe(),
                                     "address": peer.address,
-                                    "reason": why,
+                                    "reason": why.to_string(),
                                 }),
                             );
                             return Err(ConnectionError::Tls(why));

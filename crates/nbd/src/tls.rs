@@ -40,15 +40,42 @@ pub enum TlsMode {
 }
 
 impl std::str::FromStr for TlsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ftlab_core::units::UnknownChoice;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "off" => Ok(Self::Off),
             "allow" => Ok(Self::Allow),
             "require" => Ok(Self::Require),
-            _ => Err(format!("`{s}`: expected require, allow or off")),
+            _ => Err(ftlab_core::units::UnknownChoice::new(
+                s,
+                "the TLS mode",
+                "require, allow or off",
+            )),
         }
     }
+}
+
+/// Why a TLS handshake failed (the client was sent rustls's alert first, where it made one).
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+    #[error("encoding a handshake record: {0}")]
+    Encode(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("the client closed TLS during its handshake")]
+    ClosedTls,
+    #[error("the client sent early data, which this server does not take")]
+    EarlyData,
+    #[error("the client sent more than {kib} KiB not yet handled during the TLS handshake")]
+    TooMuch { kib: usize },
+    #[error("the client closed the connection during the TLS handshake")]
+    Closed,
+    #[error("not TLS 1.3")]
+    NotTls13,
+    #[error("TLS was started twice")]
+    StartedTwice,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -328,9 +355,8 @@ pub(crate) fn start<R: Read, W: Write>(
     early: &[u8],
     r: &mut R,
     w: &mut W,
-) -> Result<Established, String> {
-    let mut conn =
-        UnbufferedServerConnection::new(setup.config.clone()).map_err(|e| e.to_string())?;
+) -> Result<Established, HandshakeError> {
+    let mut conn = UnbufferedServerConnection::new(setup.config.clone())?;
     let mut incoming = early.to_vec();
     let mut outgoing = vec![0u8; 16 << 10];
     let mut outgoing_bytes = 0;
@@ -344,7 +370,7 @@ pub(crate) fn start<R: Read, W: Write>(
             Err(e) => {
                 incoming.drain(..discard);
                 send_alert(&mut conn, &mut incoming, w);
-                return Err(e.to_string());
+                return Err(e.into());
             }
         };
         let mut done = false;
@@ -359,29 +385,28 @@ pub(crate) fn start<R: Read, W: Write>(
                     Err(EncodeError::InsufficientSize(size)) => {
                         outgoing.resize(outgoing_bytes + size.required_size, 0)
                     }
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(HandshakeError::Encode(e.to_string())),
                 }
             },
             ConnectionState::TransmitTlsData(data) => {
                 w.write_all(&outgoing[..outgoing_bytes])
-                    .and_then(|()| w.flush())
-                    .map_err(|e| e.to_string())?;
+                    .and_then(|()| w.flush())?;
                 outgoing_bytes = 0;
                 data.done();
             }
             ConnectionState::BlockedHandshake => read_more = true,
             ConnectionState::ReadTraffic(mut records) => {
                 while let Some(record) = records.next_record() {
-                    let record = record.map_err(|e| e.to_string())?;
+                    let record = record?;
                     discard += record.discard;
                     plaintext.extend_from_slice(record.payload);
                 }
             }
             ConnectionState::WriteTraffic(_) => done = true,
             ConnectionState::PeerClosed | ConnectionState::Closed => {
-                return Err("the client closed TLS during its handshake".into())
+                return Err(HandshakeError::ClosedTls)
             }
-            _ => return Err("the client sent early data, which this server does not take".into()),
+            _ => return Err(HandshakeError::EarlyData),
         }
         incoming.drain(..discard);
         if done {
@@ -389,15 +414,14 @@ pub(crate) fn start<R: Read, W: Write>(
         }
         // What is left of it after the handshake must fit the reader's buffer.
         if incoming.len() + plaintext.len() + chunk.len() > MAX_HANDSHAKE_BYTES {
-            return Err(format!(
-                "the client sent more than {} KiB not yet handled during the TLS handshake",
-                (MAX_HANDSHAKE_BYTES - chunk.len()) >> 10
-            ));
+            return Err(HandshakeError::TooMuch {
+                kib: (MAX_HANDSHAKE_BYTES - chunk.len()) >> 10,
+            });
         }
         if read_more {
-            let n = r.read(&mut chunk).map_err(|e| e.to_string())?;
+            let n = r.read(&mut chunk)?;
             if n == 0 {
-                return Err("the client closed the connection during the TLS handshake".into());
+                return Err(HandshakeError::Closed);
             }
             incoming.extend_from_slice(&chunk[..n]);
         }
@@ -407,9 +431,7 @@ pub(crate) fn start<R: Read, W: Write>(
         .and_then(|chain| chain.first())
         .map(|leaf| certificate_names(leaf))
         .unwrap_or_default();
-    let (secrets, kernel) = conn
-        .dangerous_into_kernel_connection()
-        .map_err(|e| e.to_string())?;
+    let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
     let suite = kernel.negotiated_cipher_suite();
     let established = Established {
         names,
@@ -419,20 +441,20 @@ pub(crate) fn start<R: Read, W: Write>(
     let records_per_key = suite
         .tls13()
         .map(|s| s.common.confidentiality_limit)
-        .ok_or("not TLS 1.3")?;
+        .ok_or(HandshakeError::NotTls13)?;
     let session = Session {
         rx: Mutex::new(Some(ReaderStart {
-            key: RecordKey::new(secrets.rx).map_err(|e| e.to_string())?,
+            key: RecordKey::new(secrets.rx)?,
             plaintext,
             raw: incoming,
         })),
-        tx: Mutex::new(Some(RecordKey::new(secrets.tx).map_err(|e| e.to_string())?)),
+        tx: Mutex::new(Some(RecordKey::new(secrets.tx)?)),
         secrets: Mutex::new(kernel),
         update_requested: AtomicBool::new(false),
         records_per_key,
     };
     if slot.set(session).is_err() {
-        return Err("TLS was started twice".into());
+        return Err(HandshakeError::StartedTwice);
     }
     Ok(established)
 }
@@ -947,7 +969,7 @@ mod tests {
         let (_client, mut out) = client_up_to_its_finished(&mut socket);
         out.extend_from_slice(&[0x99, 3, 3, 0, 1, 0]);
         socket.write_all(&out).unwrap();
-        let error = server.join().expect("no panic").unwrap_err();
+        let error = server.join().expect("no panic").unwrap_err().to_string();
         assert!(!error.is_empty());
         // One alert record (the client's view: a fatal alert, then the end).
         let mut rest = Vec::new();
@@ -977,7 +999,7 @@ mod tests {
         let client_error = client.write_all(b"x").and_then(|()| client.flush());
         let mut got = [0u8; 1];
         let client_error = client_error.and_then(|()| client.read(&mut got).map(|_| ()));
-        let server_error = server.join().unwrap().unwrap_err();
+        let server_error = server.join().unwrap().unwrap_err().to_string();
         assert!(server_error.contains("incompatible"), "{server_error}");
         let client_error = client_error.unwrap_err().to_string();
         assert!(client_error.contains("ProtocolVersion"), "{client_error}");

@@ -110,7 +110,7 @@ fn read_trace<'py>(
     let format = format
         .map(TraceFormat::parse)
         .transpose()
-        .map_err(PyValueError::new_err)?;
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let parsed = py.detach(|| -> Result<_, ftlab_sim::trace::TraceError> {
         let mut reader = TraceReader::open(Path::new(path), format, skip_bad_lines)?;
         let mut c: [Vec<u8>; 6] = Default::default();

@@ -79,11 +79,15 @@ pub enum CachePolicy {
 }
 
 impl CachePolicy {
-    pub fn parse(s: &str) -> Result<CachePolicy, String> {
+    pub fn parse(s: &str) -> Result<CachePolicy, crate::codec::ChoiceError> {
         match s {
             "arc" => Ok(CachePolicy::Arc),
             "lru" => Ok(CachePolicy::Lru),
-            other => Err(format!("`{other}`: the cache policy is arc or lru")),
+            other => Err(crate::codec::ChoiceError::Unknown {
+                value: other.to_string(),
+                what: "the cache policy",
+                choices: "arc or lru",
+            }),
         }
     }
 }

@@ -21,31 +21,48 @@ pub enum Codec {
     },
 }
 
+/// Why a codec or cache policy name did not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChoiceError {
+    #[error("`{0}` is not a zstd level")]
+    NotALevel(String),
+    #[error("zstd level {0} is outside 1..=22")]
+    LevelRange(i32),
+    #[error("`{value}`: {what} is {choices}")]
+    Unknown {
+        value: String,
+        what: &'static str,
+        choices: &'static str,
+    },
+}
+
 impl Codec {
     /// `lz4`, `zstd`, `zstd:LEVEL`, `zstd-dict`, `zstd-dict:LEVEL`.
-    pub fn parse(s: &str) -> Result<Codec, String> {
+    pub fn parse(s: &str) -> Result<Codec, ChoiceError> {
         let (name, level) = match s.split_once(':') {
             Some((n, l)) => (
                 n,
                 Some(
                     l.parse::<i32>()
-                        .map_err(|_| format!("`{l}` is not a zstd level"))?,
+                        .map_err(|_| ChoiceError::NotALevel(l.to_string()))?,
                 ),
             ),
             None => (s, None),
         };
         let level = level.unwrap_or(3);
         if !(1..=22).contains(&level) {
-            return Err(format!("zstd level {level} is outside 1..=22"));
+            return Err(ChoiceError::LevelRange(level));
         }
         match name {
             "none" => Ok(Codec::None),
             "lz4" => Ok(Codec::Lz4),
             "zstd" => Ok(Codec::Zstd { level }),
             "zstd-dict" => Ok(Codec::ZstdDict { level }),
-            other => Err(format!(
-                "unknown codec `{other}` (none, lz4, zstd[:LEVEL], zstd-dict[:LEVEL])"
-            )),
+            other => Err(ChoiceError::Unknown {
+                value: other.to_string(),
+                what: "the codec",
+                choices: "none, lz4, zstd[:LEVEL] or zstd-dict[:LEVEL]",
+            }),
         }
     }
 

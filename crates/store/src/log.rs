@@ -168,6 +168,9 @@ pub enum LogError {
     /// itself is not what it must be.
     #[error("{path}: {why}")]
     Damaged { path: PathBuf, why: String },
+    /// A caller's visitor of loaded pages failed (writing the page out).
+    #[error("page {lpn}: {cause}")]
+    Visit { lpn: u64, cause: std::io::Error },
     #[error("{dir}: segment {missing:016x} is missing between {before:016x} and {after:016x}: records after the gap cannot be trusted")]
     MissingSegment {
         dir: PathBuf,
@@ -273,29 +276,60 @@ pub fn segment_header(index: u64) -> [u8; SEGMENT_HEADER_BYTES] {
     h
 }
 
-/// Why a record at some offset is not a record.
-fn decode(bytes: &[u8], expected_seq: u64) -> Result<(Record, usize), String> {
+/// Why the bytes at some offset are not a record.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordDamage {
+    #[error("torn: {have} of {RECORD_HEADER_BYTES} header bytes")]
+    TornHeader { have: usize },
+    #[error("no record magic")]
+    NoMagic,
+    #[error("payload of {0} bytes")]
+    PayloadTooLong(usize),
+    #[error("torn: {have} of {need} bytes")]
+    Torn { have: usize, need: usize },
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("unknown kind {0}")]
+    UnknownKind(u8),
+    #[error("sequence {seq} where {expected} was due")]
+    Sequence { seq: u64, expected: u64 },
+}
+
+/// Why a segment's bytes cannot be scanned at all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SegmentDamage {
+    #[error("{0} bytes, shorter than a segment header")]
+    Short(usize),
+    #[error("the header does not say segment {0:016x}")]
+    WrongIndex(u64),
+    #[error("{bytes} bytes: no record can start at byte {start}")]
+    BadStart { bytes: usize, start: usize },
+}
+
+/// The record at the start of `bytes`, if it is one with sequence number `expected_seq`, and
+/// the bytes it takes.
+fn decode(bytes: &[u8], expected_seq: u64) -> Result<(Record, usize), RecordDamage> {
     if bytes.len() < RECORD_HEADER_BYTES {
-        return Err(format!(
-            "torn: {} of {RECORD_HEADER_BYTES} header bytes",
-            bytes.len()
-        ));
+        return Err(RecordDamage::TornHeader { have: bytes.len() });
     }
     let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
     if u32_at(0) != RECORD_MAGIC {
-        return Err("no record magic".into());
+        return Err(RecordDamage::NoMagic);
     }
     let len = u32_at(24) as usize;
     if len > MAX_PAYLOAD_BYTES {
-        return Err(format!("payload of {len} bytes"));
+        return Err(RecordDamage::PayloadTooLong(len));
     }
     let end = RECORD_HEADER_BYTES + len;
     if bytes.len() < end {
-        return Err(format!("torn: {} of {end} bytes", bytes.len()));
+        return Err(RecordDamage::Torn {
+            have: bytes.len(),
+            need: end,
+        });
     }
     if checksum(&bytes[..32], &bytes[RECORD_HEADER_BYTES..end]) != u64_at(32) {
-        return Err("checksum mismatch".into());
+        return Err(RecordDamage::Checksum);
     }
     let kind = match bytes[4] {
         1 => Kind::Page,
@@ -304,11 +338,14 @@ fn decode(bytes: &[u8], expected_seq: u64) -> Result<(Record, usize), String> {
         4 => Kind::Request,
         5 => Kind::Volume,
         6 => Kind::Unvolume,
-        k => return Err(format!("unknown kind {k}")),
+        k => return Err(RecordDamage::UnknownKind(k)),
     };
     let seq = u64_at(16);
     if seq != expected_seq {
-        return Err(format!("sequence {seq} where {expected_seq} was due"));
+        return Err(RecordDamage::Sequence {
+            seq,
+            expected: expected_seq,
+        });
     }
     let used = padded(end).min(bytes.len());
     let record = Record {
@@ -328,7 +365,7 @@ fn decode(bytes: &[u8], expected_seq: u64) -> Result<(Record, usize), String> {
 
 /// The record at the start of `bytes`, whatever its sequence number: for reading a record a
 /// map points at.
-pub fn decode_any(bytes: &[u8]) -> Result<Record, String> {
+pub fn decode_any(bytes: &[u8]) -> Result<Record, RecordDamage> {
     let seq = bytes
         .get(16..24)
         .map_or(0, |s| u64::from_le_bytes(s.try_into().expect("8 bytes")));
@@ -343,14 +380,14 @@ pub struct Scan {
     /// Bytes of the valid prefix (header included).
     pub valid_bytes: usize,
     /// The first bad record: its offset and why, when the segment did not end cleanly.
-    pub stopped: Option<(usize, String)>,
+    pub stopped: Option<(usize, RecordDamage)>,
     /// A valid commit record found past `stopped` (its offset): acknowledged data is damaged.
     pub commit_after_stop: Option<usize>,
 }
 
 /// Scans one segment's bytes whose first record is `first_seq`. Never panics, whatever the
 /// bytes (a fuzz target feeds it arbitrary ones).
-pub fn scan_segment(bytes: &[u8], index: u64, first_seq: u64) -> Result<Scan, String> {
+pub fn scan_segment(bytes: &[u8], index: u64, first_seq: u64) -> Result<Scan, SegmentDamage> {
     scan_segment_from(bytes, index, SEGMENT_HEADER_BYTES, Some(first_seq))
 }
 
@@ -361,21 +398,18 @@ pub fn scan_segment_from(
     index: u64,
     start: usize,
     first_seq: Option<u64>,
-) -> Result<Scan, String> {
+) -> Result<Scan, SegmentDamage> {
     if bytes.len() < SEGMENT_HEADER_BYTES {
-        return Err(format!(
-            "{} bytes, shorter than a segment header",
-            bytes.len()
-        ));
+        return Err(SegmentDamage::Short(bytes.len()));
     }
     if bytes[..SEGMENT_HEADER_BYTES] != segment_header(index) {
-        return Err(format!("the header does not say segment {index:016x}"));
+        return Err(SegmentDamage::WrongIndex(index));
     }
     if start < SEGMENT_HEADER_BYTES || start > bytes.len() || !start.is_multiple_of(8) {
-        return Err(format!(
-            "{} bytes: no record can start at byte {start}",
-            bytes.len()
-        ));
+        return Err(SegmentDamage::BadStart {
+            bytes: bytes.len(),
+            start,
+        });
     }
     let mut at = start;
     let mut seq = match first_seq {
@@ -483,7 +517,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, LogError> {
     let mut records = Vec::new();
     let mut out = recover_from(dir, Position::START, &mut |r| {
         records.push(r.clone());
-        Ok(())
+        Ok::<(), std::convert::Infallible>(())
     })?;
     out.records = records;
     Ok(out)
@@ -505,10 +539,10 @@ pub fn tail_position(r: &Recovered) -> Position {
 /// those from it on must be consecutive. Each valid record is handed to `visit` (its `offset`
 /// set) instead of collected; `visit` refusing one ends recovery with its reason. A log that
 /// ends before `from` (a checkpoint from the future: records it counted are gone) is refused.
-pub fn recover_from(
+pub fn recover_from<E: std::fmt::Display>(
     dir: &Path,
     from: Position,
-    visit: &mut dyn FnMut(&Record) -> Result<(), String>,
+    visit: &mut dyn FnMut(&Record) -> Result<(), E>,
 ) -> Result<Recovered, LogError> {
     let indices: Vec<u64> = segment_indices(dir)?
         .into_iter()
@@ -556,7 +590,7 @@ pub fn recover_from(
         let scan = scan_segment_from(&bytes, index, start, Some(out.next_seq)).map_err(|why| {
             LogError::BadSegment {
                 path: path.clone(),
-                why,
+                why: why.to_string(),
             }
         })?;
         let last = k + 1 == indices.len();
@@ -585,7 +619,7 @@ pub fn recover_from(
                 return Err(LogError::CorruptBeforeCommit {
                     path,
                     offset,
-                    why,
+                    why: why.to_string(),
                     after,
                 });
             }

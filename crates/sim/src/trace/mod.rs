@@ -73,11 +73,15 @@ pub enum RecordFormat {
 const FILETIME_UNIX_EPOCH_TICKS: u64 = 116_444_736_000_000_000;
 
 impl RecordFormat {
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self, ftlab_core::units::UnknownChoice> {
         match name {
             "nbdkit" => Ok(Self::Nbdkit),
             "msr" => Ok(Self::Msr),
-            other => Err(format!("`{other}`: the record format is nbdkit or msr")),
+            other => Err(ftlab_core::units::UnknownChoice::new(
+                other,
+                "the record format",
+                "nbdkit or msr",
+            )),
         }
     }
 
@@ -548,7 +552,10 @@ mod tests {
             assert_eq!(TraceFormat::parse(f.name()), Ok(f));
         }
         assert_eq!(TraceFormat::parse("mqsim"), Ok(TraceFormat::Disksim));
-        assert!(TraceFormat::parse("csv").unwrap_err().contains("csv"));
+        assert!(TraceFormat::parse("csv")
+            .unwrap_err()
+            .to_string()
+            .contains("csv"));
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub fn decode_checkpoint_bytes(
     bytes: &[u8],
     pages: u64,
     page_bytes: usize,
-) -> Result<(Position, u64, Vec<VolumeInfo>), String> {
+) -> Result<(Position, u64, Vec<VolumeInfo>), CheckpointDamage> {
     decode_checkpoint(bytes, pages, page_bytes).map(|c| (c.at, c.model_entries, c.volumes.infos()))
 }
 
@@ -62,22 +62,24 @@ pub(super) fn decode_checkpoint(
     bytes: &[u8],
     pages: u64,
     page_bytes: usize,
-) -> Result<Checkpoint, String> {
+) -> Result<Checkpoint, CheckpointDamage> {
     if bytes.len() < 8 + 8 + 48 + 4 + 8 || &bytes[..8] != CHECKPOINT_MAGIC {
-        return Err("not an ftlab checkpoint".into());
+        return Err(CheckpointDamage::NotACheckpoint);
     }
     let (body, sum) = bytes.split_at(bytes.len() - 8);
     if twox_hash::XxHash3_64::oneshot(body).to_le_bytes() != sum {
-        return Err("checksum mismatch".into());
+        return Err(CheckpointDamage::Checksum);
     }
     let mut at = 8usize;
-    let mut take = |n: usize| -> Result<&[u8], String> {
+    let mut take = |n: usize| -> Result<&[u8], CheckpointDamage> {
         // A length read from the file may be anything: checked, never added blindly (found by
         // the `checkpoint` fuzz target).
-        let end = at
-            .checked_add(n)
-            .filter(|&end| end <= body.len())
-            .ok_or_else(|| format!("ends at byte {} inside a field of {n} bytes", body.len()))?;
+        let end = at.checked_add(n).filter(|&end| end <= body.len()).ok_or(
+            CheckpointDamage::Truncated {
+                body: body.len(),
+                field: n,
+            },
+        )?;
         let s = &body[at..end];
         at = end;
         Ok(s)
@@ -86,9 +88,10 @@ pub(super) fn decode_checkpoint(
     let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
     let version = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
     if version != CHECKPOINT_VERSION {
-        return Err(format!(
-            "version {version} (this ftlab reads {CHECKPOINT_VERSION})"
-        ));
+        return Err(CheckpointDamage::Version {
+            found: version,
+            reads: CHECKPOINT_VERSION,
+        });
     }
     take(4)?;
     let mut h = [0u64; 6];
@@ -97,18 +100,20 @@ pub(super) fn decode_checkpoint(
     }
     let [segment, offset, seq, model_entries, ck_pages, ck_page_bytes] = h;
     if (ck_pages, ck_page_bytes) != (pages, page_bytes as u64) {
-        return Err(format!(
-            "a device of {ck_pages} pages of {ck_page_bytes} bytes, not {pages} of {page_bytes} \
-             (another --set capacity or flash.page_size_bytes?)"
-        ));
+        return Err(CheckpointDamage::OtherDevice {
+            pages: ck_pages,
+            page_bytes: ck_page_bytes,
+            want_pages: pages,
+            want_page_bytes: page_bytes,
+        });
     }
     if offset as usize >= log::MAX_SEGMENT_BYTES || offset % 8 != 0 || seq == 0 {
-        return Err(format!("a position of byte {offset}, sequence {seq}"));
+        return Err(CheckpointDamage::Position { offset, seq });
     }
     let next_id = u16_(take(2)?);
     let count = u16_(take(2)?);
     if count as usize > MAX_VOLUMES {
-        return Err(format!("{count} volumes (at most {MAX_VOLUMES})"));
+        return Err(CheckpointDamage::TooManyVolumes(count));
     }
     let mut volumes = Volumes::new(pages);
     volumes.list.clear();
@@ -119,25 +124,32 @@ pub(super) fn decode_checkpoint(
             0 => VolumeKind::Device,
             1 => VolumeKind::Snapshot,
             2 => VolumeKind::Clone,
-            k => return Err(format!("volume {id}: kind {k}")),
+            k => return Err(CheckpointDamage::VolumeKind { id, kind: k }),
         };
         let parent = u16_(take(2)?);
         let name_len = u16_(take(2)?) as usize;
         let name = String::from_utf8(take(name_len)?.to_vec())
-            .map_err(|_| format!("volume {id}: a name that is not UTF-8"))?;
+            .map_err(|_| CheckpointDamage::NameNotUtf8(id))?;
         let created_seq = u64_(take(8)?);
         let packed_len = u64_(take(8)?) as usize;
         let packed = take(packed_len)?;
-        let raw = lz4_flex::block::decompress(packed, pages as usize * 8)
-            .map_err(|e| format!("volume {id}: its map does not decompress ({e})"))?;
+        let raw = lz4_flex::block::decompress(packed, pages as usize * 8).map_err(|e| {
+            CheckpointDamage::MapCompression {
+                id,
+                why: e.to_string(),
+            }
+        })?;
         if raw.len() as u64 != pages * 8 {
-            return Err(format!("volume {id}: a map of {} bytes", raw.len()));
+            return Err(CheckpointDamage::MapBytes {
+                id,
+                bytes: raw.len(),
+            });
         }
         let mut map = LocMap::new(pages);
         for (lpn, w) in raw.chunks_exact(8).enumerate() {
             let loc = Loc(u64_(w));
             if !loc.is_none() && (loc.offset() == 0 || loc.bytes() == 0) {
-                return Err(format!("volume {id}: page {lpn} maps to no record"));
+                return Err(CheckpointDamage::NoRecord { id, lpn });
             }
             map.set(lpn as u64, loc);
         }
@@ -151,7 +163,7 @@ pub(super) fn decode_checkpoint(
         });
     }
     if volumes.list.first().map(|v| (v.id, v.kind)) != Some((DEVICE_VOLUME, VolumeKind::Device)) {
-        return Err("the device's volume is not first".into());
+        return Err(CheckpointDamage::DeviceNotFirst);
     }
     // Live bytes, each shared record once.
     for at in 0..volumes.list.len() {

@@ -44,6 +44,7 @@ pub const MAX_VOLUMES: usize = 1024;
 
 mod checkpoint;
 mod cleaner;
+mod error;
 mod loc_map;
 mod model_log;
 mod volumes;
@@ -51,6 +52,7 @@ mod volumes;
 use checkpoint::decode_checkpoint;
 
 pub use checkpoint::decode_checkpoint_bytes;
+pub use error::{CheckpointDamage, DurableError, ReplayError};
 pub use loc_map::LocMap;
 pub use model_log::{model_op, ModelRequest};
 pub use volumes::{Volume, VolumeInfo, VolumeKind, Volumes};
@@ -134,7 +136,7 @@ impl Located {
     /// Reads and verifies the record, and decodes its page into `out`.
     pub fn read_page(&self, out: &mut [u8]) -> Result<(), LogError> {
         let mut bytes = vec![0u8; self.loc.bytes()];
-        let bad = |why: String| LogError::BadSegment {
+        let bad = |why: &dyn std::fmt::Display| LogError::BadSegment {
             path: self.path.clone(),
             why: format!("the record at byte {}: {why}", self.loc.offset()),
         };
@@ -144,17 +146,50 @@ impl Located {
                 path: self.path.clone(),
                 cause,
             })?;
-        let r = log::decode_any(&bytes).map_err(bad)?;
+        let r = log::decode_any(&bytes).map_err(|why| bad(&why))?;
         let page = r
             .page(out.len())
-            .ok_or_else(|| bad("does not decode to a page".into()))?;
+            .ok_or_else(|| bad(&"does not decode to a page"))?;
         out.copy_from_slice(&page);
         Ok(())
     }
 }
 
-/// Called with each page loaded (its LPN and bytes); an error names what went wrong.
-pub type PageVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;
+/// Called with each page loaded (its LPN and bytes); its error (writing the page out) ends the
+/// load as `LogError::Visit`.
+pub type PageVisitor<'a> = dyn FnMut(u64, &[u8]) -> std::io::Result<()> + 'a;
+
+/// How a directory is opened: the device it holds, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirOptions {
+    /// The device's logical pages and their size (a directory made for another is refused).
+    pub pages: u64,
+    pub page_bytes: usize,
+    /// Nothing is written, not even a torn tail cut; the lock is shared.
+    pub read_only: bool,
+    /// A segment is closed and the next begun past this size.
+    pub segment_bytes: usize,
+}
+
+impl DirOptions {
+    /// Writable, with 32 MiB segments.
+    pub fn new(pages: u64, page_bytes: usize) -> Self {
+        Self {
+            pages,
+            page_bytes,
+            read_only: false,
+            segment_bytes: 32 << 20,
+        }
+    }
+
+    /// The same, read-only.
+    pub fn read_only(self) -> Self {
+        Self {
+            read_only: true,
+            ..self
+        }
+    }
+}
 
 /// A durable device's directory, open.
 pub struct DataDir {
@@ -183,10 +218,10 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> LogError + '_ {
     }
 }
 
-fn damaged(path: &Path, why: impl Into<String>) -> LogError {
+fn damaged(path: &Path, why: impl std::fmt::Display) -> LogError {
     LogError::Damaged {
         path: path.to_path_buf(),
-        why: why.into(),
+        why: why.to_string(),
     }
 }
 
@@ -230,13 +265,13 @@ impl DataDir {
     /// archive it counts, then the log after it. Refuses, naming the file, whatever would
     /// serve wrong data: a damaged checkpoint, a missing segment it references, a log that ends
     /// before it, damage before a commit.
-    pub fn open(
-        dir: &Path,
-        pages: u64,
-        page_bytes: usize,
-        read_only: bool,
-        segment_bytes: usize,
-    ) -> Result<(DataDir, Opened), LogError> {
+    pub fn open(dir: &Path, options: &DirOptions) -> Result<(DataDir, Opened), LogError> {
+        let DirOptions {
+            pages,
+            page_bytes,
+            read_only,
+            segment_bytes,
+        } = *options;
         if !read_only {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
@@ -500,24 +535,24 @@ impl DataDir {
             let bytes = std::fs::read(&path).map_err(io(&path))?;
             while k < pages.len() && pages[k].0.segment() == segment {
                 let (loc, lpn) = pages[k];
-                let bad = |why: String| {
+                let bad = |why: &dyn std::fmt::Display| {
                     damaged(&path, format!("the record at byte {}: {why}", loc.offset()))
                 };
                 let r = bytes
                     .get(loc.offset()..loc.offset() + loc.bytes())
-                    .ok_or_else(|| bad("beyond the end of the segment".into()))
-                    .and_then(|b| log::decode_any(b).map_err(bad))?;
+                    .ok_or_else(|| bad(&"beyond the end of the segment"))
+                    .and_then(|b| log::decode_any(b).map_err(|why| bad(&why)))?;
                 if r.kind != Kind::Page || r.lpn != lpn {
-                    return Err(bad(format!(
+                    return Err(bad(&format!(
                         "a {:?} record of page {}, where page {lpn} was mapped",
                         r.kind, r.lpn
                     )));
                 }
                 let p = r
                     .page(self.page_bytes)
-                    .ok_or_else(|| bad("does not decode to a page".into()))?;
+                    .ok_or_else(|| bad(&"does not decode to a page"))?;
                 page.copy_from_slice(&p);
-                visit(lpn, &page).map_err(bad)?;
+                visit(lpn, &page).map_err(|cause| LogError::Visit { lpn, cause })?;
                 k += 1;
             }
         }

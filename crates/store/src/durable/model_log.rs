@@ -33,9 +33,9 @@ impl ModelRequest {
         p
     }
 
-    pub(super) fn of(r: &Record) -> Result<ModelRequest, String> {
+    pub(super) fn of(r: &Record) -> Result<ModelRequest, ReplayError> {
         if r.payload.len() != 10 {
-            return Err(format!("a request record of {} bytes", r.payload.len()));
+            return Err(ReplayError::RequestBytes(r.payload.len()));
         }
         Ok(ModelRequest {
             op: r.codec,

@@ -7,8 +7,15 @@ const PAGES: u64 = 64;
 const PAGE: usize = 512;
 const SEGMENT: usize = 4096;
 
+fn options() -> DirOptions {
+    DirOptions {
+        segment_bytes: SEGMENT,
+        ..DirOptions::new(PAGES, PAGE)
+    }
+}
+
 fn open(dir: &Path) -> (DataDir, Opened) {
-    DataDir::open(dir, PAGES, PAGE, false, SEGMENT).unwrap()
+    DataDir::open(dir, &options()).unwrap()
 }
 
 fn page(tag: u64) -> Vec<u8> {
@@ -210,7 +217,7 @@ fn a_checkpoint_from_the_future_or_damaged_is_refused() {
         early.path().join(CHECKPOINT_FILE),
     )
     .unwrap();
-    let e = DataDir::open(early.path(), PAGES, PAGE, true, SEGMENT)
+    let e = DataDir::open(early.path(), &options().read_only())
         .err()
         .unwrap()
         .to_string();
@@ -223,7 +230,7 @@ fn a_checkpoint_from_the_future_or_damaged_is_refused() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[40] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
-    let e = DataDir::open(later.path(), PAGES, PAGE, true, SEGMENT)
+    let e = DataDir::open(later.path(), &options().read_only())
         .err()
         .unwrap()
         .to_string();
@@ -231,7 +238,7 @@ fn a_checkpoint_from_the_future_or_damaged_is_refused() {
     bytes[40] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
     std::fs::remove_file(log::segment_path(later.path(), 0)).unwrap();
-    let e = DataDir::open(later.path(), PAGES, PAGE, true, SEGMENT)
+    let e = DataDir::open(later.path(), &options().read_only())
         .err()
         .unwrap()
         .to_string();
@@ -260,7 +267,7 @@ fn a_checkpoint_with_an_absurd_length_is_refused() {
     let sum = twox_hash::XxHash3_64::oneshot(&bytes[..n]);
     bytes[n..].copy_from_slice(&sum.to_le_bytes());
     let e = decode_checkpoint(&bytes, PAGES, PAGE).err().unwrap();
-    assert!(e.contains("inside a field"), "{e}");
+    assert!(e.to_string().contains("inside a field"), "{e}");
 }
 
 /// Cleaning deletes dead segments and keeps the device's data: the directory shrinks to

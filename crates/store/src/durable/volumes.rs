@@ -101,19 +101,16 @@ impl Volumes {
     }
 
     /// Applies a replayed or just appended record at `segment`.
-    pub(super) fn apply(&mut self, r: &Record, segment: u64) -> Result<(), String> {
-        let at = || {
-            self.index(r.volume)
-                .ok_or_else(|| format!("volume {} does not exist", r.volume))
-        };
+    pub(super) fn apply(&mut self, r: &Record, segment: u64) -> Result<(), ReplayError> {
+        let at = || self.index(r.volume).ok_or(ReplayError::NoVolume(r.volume));
         match r.kind {
             Kind::Page => {
                 let at = at()?;
                 if r.lpn >= self.pages {
-                    return Err(format!(
-                        "page {} is beyond this device's {} pages (another --set capacity?)",
-                        r.lpn, self.pages
-                    ));
+                    return Err(ReplayError::PageBeyond {
+                        lpn: r.lpn,
+                        pages: self.pages,
+                    });
                 }
                 self.set(at, r.lpn, Loc::new(segment, r.offset, r.bytes));
             }
@@ -123,7 +120,7 @@ impl Volumes {
                     .lpn
                     .checked_add(u64::from(r.pages))
                     .filter(|&e| e <= self.pages)
-                    .ok_or_else(|| format!("trim beyond this device's {} pages", self.pages))?;
+                    .ok_or(ReplayError::TrimBeyond { pages: self.pages })?;
                 for lpn in r.lpn..end {
                     self.set(at, lpn, Loc::NONE);
                 }
@@ -132,14 +129,14 @@ impl Volumes {
                 let parent = u16::try_from(r.lpn)
                     .ok()
                     .and_then(|p| self.index(p))
-                    .ok_or_else(|| format!("parent volume {} does not exist", r.lpn))?;
-                let name = String::from_utf8(r.payload.clone())
-                    .map_err(|_| "a volume name that is not UTF-8".to_string())?;
+                    .ok_or(ReplayError::NoParent(r.lpn))?;
+                let name =
+                    String::from_utf8(r.payload.clone()).map_err(|_| ReplayError::NameNotUtf8)?;
                 if self.index(r.volume).is_some() || self.by_name(&name).is_some() {
-                    return Err(format!("volume {} (`{name}`) exists already", r.volume));
+                    return Err(ReplayError::VolumeExists { id: r.volume, name });
                 }
                 if self.list.len() >= MAX_VOLUMES {
-                    return Err(format!("more than {MAX_VOLUMES} volumes"));
+                    return Err(ReplayError::TooManyVolumes);
                 }
                 let kind = if r.codec == 1 {
                     VolumeKind::Clone
@@ -160,7 +157,7 @@ impl Volumes {
             Kind::Unvolume => {
                 let at = at()?;
                 if at == 0 {
-                    return Err("the device's own volume cannot be deleted".into());
+                    return Err(ReplayError::DeviceVolumeDeleted);
                 }
                 for lpn in 0..self.pages {
                     self.set(at, lpn, Loc::NONE);
@@ -221,52 +218,45 @@ impl DataDir {
         parent: Option<&str>,
         name: &str,
         kind: VolumeKind,
-    ) -> Result<u16, String> {
+    ) -> Result<u16, DurableError> {
         if name.is_empty()
             || name.len() > 200
             || !name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
-            return Err(format!(
-                "`{name}`: a snapshot name is 1 to 200 of A-Z a-z 0-9 - _ ."
-            ));
+            return Err(DurableError::BadName(name.to_string()));
         }
         if self.volumes.by_name(name).is_some() {
-            return Err(format!("`{name}` exists already"));
+            return Err(DurableError::Exists(name.to_string()));
         }
         let parent = match parent {
             None => DEVICE_VOLUME,
             Some(p) => {
                 self.volumes
                     .by_name(p)
-                    .ok_or_else(|| format!("no snapshot or clone `{p}`"))?
+                    .ok_or_else(|| DurableError::NoSuch(p.to_string()))?
                     .id
             }
         };
         if kind == VolumeKind::Device {
-            return Err("a device is not made".into());
+            return Err(DurableError::DeviceNotMade);
         }
         let id = self.volumes.next_id;
         if id == u16::MAX || self.volumes.list.len() >= MAX_VOLUMES {
-            return Err(format!(
-                "{} snapshots and clones exist, or 65534 were ever made: delete some first",
-                self.volumes.list.len() - 1
-            ));
+            return Err(DurableError::Full {
+                existing: self.volumes.list.len() - 1,
+            });
         }
         let codec = u8::from(kind == VolumeKind::Clone);
-        let e = |e: LogError| e.to_string();
-        let (seq, loc) = self
-            .writer()
-            .append_volume(
-                Kind::Volume,
-                codec,
-                id,
-                u64::from(parent),
-                0,
-                name.as_bytes(),
-            )
-            .map_err(e)?;
+        let (seq, loc) = self.writer().append_volume(
+            Kind::Volume,
+            codec,
+            id,
+            u64::from(parent),
+            0,
+            name.as_bytes(),
+        )?;
         let record = Record {
             kind: Kind::Volume,
             codec,
@@ -280,23 +270,21 @@ impl DataDir {
             segment: loc.segment(),
         };
         self.volumes.apply(&record, loc.segment())?;
-        self.commit().map_err(e)?;
+        self.commit()?;
         Ok(id)
     }
 
     /// Deletes a snapshot or clone: its records die unless another volume maps them.
-    pub fn delete_volume(&mut self, name: &str) -> Result<(), String> {
+    pub fn delete_volume(&mut self, name: &str) -> Result<(), DurableError> {
         let id = self
             .volumes
             .by_name(name)
-            .ok_or_else(|| format!("no snapshot or clone `{name}`"))?
+            .ok_or_else(|| DurableError::NoSuch(name.to_string()))?
             .id;
         // Its children share records by LPN, not through it: they keep theirs.
-        let e = |e: LogError| e.to_string();
         let (seq, loc) = self
             .writer()
-            .append_volume(Kind::Unvolume, 0, id, 0, 0, &[])
-            .map_err(e)?;
+            .append_volume(Kind::Unvolume, 0, id, 0, 0, &[])?;
         let record = Record {
             kind: Kind::Unvolume,
             codec: 0,
@@ -310,7 +298,7 @@ impl DataDir {
             segment: loc.segment(),
         };
         self.volumes.apply(&record, loc.segment())?;
-        self.commit().map_err(e)?;
+        self.commit()?;
         Ok(())
     }
 }
