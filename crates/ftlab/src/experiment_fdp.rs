@@ -78,20 +78,9 @@ impl Point {
     }
 }
 
-/// The WAF of the second half of the data written: the run's steady state, after the LSM's
-/// levels and the device's free space have settled (the cumulative WAF still carries the first
-/// fill's GC-free writes).
-pub fn steady_waf(r: &Report) -> Option<f64> {
-    let half = r.host_write_pages / 2;
-    let (mut host, mut nand, mut seen) = (0u64, 0u64, 0u64);
-    for row in &r.series {
-        seen += row.host_write_pages;
-        if seen > half {
-            host += row.host_write_pages;
-            nand += row.nand_write_pages;
-        }
-    }
-    (host > 0).then(|| nand as f64 / host as f64)
+/// The steady-state WAF: that of the second half of the data written.
+fn steady_waf(r: &Report) -> Option<f64> {
+    ftlab_sim::waf_window::steady_waf(&r.series, r.host_write_pages)
 }
 
 pub fn run(args: FdpArgs) -> Result<()> {
@@ -310,23 +299,5 @@ fn draw<DB: DrawingBackend>(
 
 /// (GiB written, WAF over the last twentieth of the run) at each interval's end.
 fn windowed_waf(r: &Report, page_bytes: u64) -> Vec<(f64, f64)> {
-    let window = (r.host_write_pages / 20).max(1);
-    let rows = &r.series;
-    let mut out = Vec::new();
-    let (mut start, mut host, mut nand, mut total) = (0usize, 0u64, 0u64, 0u64);
-    for (i, row) in rows.iter().enumerate() {
-        host += row.host_write_pages;
-        nand += row.nand_write_pages;
-        total += row.host_write_pages;
-        while start < i && host - rows[start].host_write_pages >= window {
-            host -= rows[start].host_write_pages;
-            nand -= rows[start].nand_write_pages;
-            start += 1;
-        }
-        if host >= window {
-            let gib = (total * page_bytes) as f64 / (1u64 << 30) as f64;
-            out.push((gib, nand as f64 / host as f64));
-        }
-    }
-    out
+    ftlab_sim::waf_window::windowed_waf(&r.series, r.host_write_pages, page_bytes)
 }

@@ -31,6 +31,7 @@ pub mod store;
 pub mod words;
 mod write_times;
 
+#[cfg(any(test, feature = "oracle"))]
 pub mod oracle;
 
 use bits::{

@@ -10,6 +10,7 @@ pub mod placement;
 pub mod report;
 pub mod sim;
 pub mod trace;
+pub mod waf_window;
 pub mod workload;
 
 pub use device::{ConfiguredFtl, FtlVisitor};
