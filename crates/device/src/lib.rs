@@ -12,6 +12,7 @@
 mod access;
 pub mod budget;
 mod command;
+pub mod control;
 pub mod dictionary;
 mod durable;
 mod error;

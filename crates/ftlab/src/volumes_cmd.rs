@@ -4,6 +4,7 @@
 //! the directory themselves (its lock keeps two writers apart).
 
 use anyhow::{Context, Result};
+use ftlab_device::control::{control_path, Control, MAX_CONTROL_LINE_BYTES};
 use ftlab_device::Device;
 use ftlab_store::durable::{device_geometry, DataDir, DirOptions, ModelRequest, VolumeKind};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,14 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The control socket of a served directory.
-pub fn control_path(dir: &Path) -> PathBuf {
-    dir.join("control.sock")
-}
-
-/// A control request is one line of at most this many bytes.
-const MAX_CONTROL_LINE_BYTES: u64 = 4096;
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCommand {
@@ -65,134 +58,6 @@ pub enum ImageCommand {
         /// A directory that does not exist yet or is empty.
         dir: PathBuf,
     },
-}
-
-/// One control request, parsed: what `ftlab snapshot` sends and the server executes.
-#[derive(Debug, PartialEq, Eq)]
-enum Control {
-    Create {
-        name: String,
-        clone: bool,
-        from: Option<String>,
-    },
-    Delete {
-        name: String,
-    },
-    List,
-    /// Read the `--policy` file again (checked whole first), as SIGHUP does.
-    ReloadPolicy,
-}
-
-impl Control {
-    fn line(&self) -> String {
-        match self {
-            Control::Create { name, clone, from } => format!(
-                "create {name} {}{}",
-                if *clone { "clone" } else { "snapshot" },
-                from.as_ref().map(|f| format!(" {f}")).unwrap_or_default()
-            ),
-            Control::Delete { name } => format!("delete {name}"),
-            Control::List => "list".into(),
-            Control::ReloadPolicy => "reload-policy".into(),
-        }
-    }
-
-    fn parse(line: &str) -> Result<Control, String> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words[..] {
-            ["list"] => Ok(Control::List),
-            ["reload-policy"] => Ok(Control::ReloadPolicy),
-            ["delete", name] => Ok(Control::Delete { name: name.into() }),
-            ["create", name, kind] | ["create", name, kind, _] => Ok(Control::Create {
-                name: name.into(),
-                clone: match kind {
-                    "clone" => true,
-                    "snapshot" => false,
-                    other => return Err(format!("`{other}`: snapshot or clone")),
-                },
-                from: words.get(3).map(|s| s.to_string()),
-            }),
-            _ => Err(format!(
-                "`{}`: the requests are `create NAME snapshot|clone [FROM]`, `delete NAME`, `list`, `reload-policy`",
-                line.chars().take(80).collect::<String>()
-            )),
-        }
-    }
-}
-
-/// Executes a control request on the served device for `principal`, as the access policy
-/// allows (snapshot actions are audited whether they succeed or not); the reply's JSON.
-fn execute(
-    device: &Device,
-    policy: Option<&Path>,
-    principal: &ftlab_device::policy::Principal,
-    c: &Control,
-) -> serde_json::Value {
-    let started = Instant::now();
-    if matches!(c, Control::ReloadPolicy) {
-        // The socket is its directory owner's only (mode 0600): who may edit the file.
-        let Some(path) = policy else {
-            return serde_json::json!({"ok": false, "error": "this server has no --policy file"});
-        };
-        return match device.reload_policy(path) {
-            Ok(statements) => {
-                eprintln!(
-                    "ftlab serve: {}: policy reloaded ({statements} statements)",
-                    path.display()
-                );
-                serde_json::json!({"ok": true, "statements": statements})
-            }
-            Err(e) => {
-                eprintln!("ftlab serve: policy not reloaded, the old one stays: {e}");
-                serde_json::json!({"ok": false, "error": format!("not reloaded, the old policy stays: {e}")})
-            }
-        };
-    }
-    let (action, name) = match c {
-        Control::Create { name, clone, .. } => (
-            if *clone { "clone" } else { "snapshot.create" },
-            name.as_str(),
-        ),
-        Control::Delete { name } => ("snapshot.delete", name.as_str()),
-        Control::List | Control::ReloadPolicy => ("list", ""),
-    };
-    if !matches!(c, Control::List)
-        && !device.allows(principal, action, &device.volume_export_name(name))
-    {
-        return serde_json::json!({
-            "ok": false,
-            "error": format!("the access policy does not allow {} to {action} `{name}`", principal.describe()),
-        });
-    }
-    let result = match c {
-        Control::Create { name, clone, from } => device
-            .create_volume(from.as_deref(), name, *clone)
-            .map(|_| ()),
-        Control::Delete { name } => device.delete_volume(name),
-        Control::List | Control::ReloadPolicy => Ok(()),
-    }
-    .map_err(|e| e.to_string());
-    if !matches!(c, Control::List) {
-        device.audit(
-            "volume",
-            serde_json::json!({
-                "action": action,
-                "name": name,
-                "request": c.line(),
-                "principal": principal.describe(),
-                "ok": result.is_ok(),
-                "error": result.as_ref().err(),
-            }),
-        );
-    }
-    match result {
-        Ok(()) => serde_json::json!({
-            "ok": true,
-            "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
-            "volumes": device.volumes(),
-        }),
-        Err(e) => serde_json::json!({ "ok": false, "error": e }),
-    }
 }
 
 /// Listens on `DIR/control.sock` (mode 0600: the directory's owner only) until `stop`. A
@@ -252,13 +117,26 @@ fn answer(device: &Device, policy: Option<&Path>, stream: UnixStream) -> Result<
     let principal = ftlab_device::policy::Principal::of_unix_peer(&stream);
     let reply = match Control::parse(line.trim_end()) {
         Ok(c) => {
-            let reply = execute(device, policy, &principal, &c);
-            if reply["ok"] == true && !matches!(c, Control::List | Control::ReloadPolicy) {
-                eprintln!("ftlab serve: control: {}", c.line());
+            let reply = device.control(policy, &principal, &c);
+            match (&c, policy) {
+                (Control::ReloadPolicy, Some(path)) if reply["ok"] == true => eprintln!(
+                    "ftlab serve: {}: policy reloaded ({} statements)",
+                    path.display(),
+                    reply["statements"]
+                ),
+                (Control::ReloadPolicy, Some(_)) => {
+                    eprintln!(
+                        "ftlab serve: policy {}",
+                        reply["error"].as_str().unwrap_or("")
+                    )
+                }
+                (Control::List | Control::ReloadPolicy, _) => {}
+                _ if reply["ok"] == true => eprintln!("ftlab serve: control: {}", c.line()),
+                _ => {}
             }
             reply
         }
-        Err(e) => serde_json::json!({ "ok": false, "error": e }),
+        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
     };
     writeln!(&stream, "{reply}")?;
     Ok(())
@@ -535,33 +413,4 @@ fn import(config: &crate::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
         file.display()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn control_requests_round_trip_and_junk_is_refused() {
-        for c in [
-            Control::List,
-            Control::ReloadPolicy,
-            Control::Delete { name: "a".into() },
-            Control::Create {
-                name: "b".into(),
-                clone: true,
-                from: Some("a".into()),
-            },
-            Control::Create {
-                name: "c".into(),
-                clone: false,
-                from: None,
-            },
-        ] {
-            assert_eq!(Control::parse(&c.line()).unwrap(), c);
-        }
-        for junk in ["", "create", "create x maybe", "rm -rf /", "list extra"] {
-            assert!(Control::parse(junk).is_err(), "{junk}");
-        }
-    }
 }
