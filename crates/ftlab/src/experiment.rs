@@ -4,17 +4,18 @@
 //!
 //! `hexa`: the Hexa-SSD paper's grid on the `hexa` preset: protected ratio
 //! x write buffer x buffer policy x workload (IOPS; UD/MD/GUD/GMD traffic). `fdp`: the FDP
-//! FDP Ethereum Benchmark's, in `experiment_fdp`.
+//! Ethereum Benchmark's, in `experiment_fdp`.
 
+use crate::grid::{run_grid, GridPoint};
+use crate::plot::draw_both;
 use anyhow::{Context, Result};
-use ftlab_core::config::{Config, ConfigBuilder};
+use ftlab_core::config::ConfigBuilder;
 use ftlab_sim::Report;
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -39,76 +40,6 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
         Which::Hexa(a) => run_hexa(a),
         Which::Fdp(a) => crate::experiment_fdp::run(a),
     }
-}
-
-/// One simulation of a grid: its name (the report's file name) and configuration.
-pub struct GridPoint {
-    pub name: String,
-    pub config: Config,
-}
-
-/// Runs every point `jobs` at a time (default: the cores), each unless its report is in
-/// `dir/points` already (for the same configuration: the sweep store's rule, `ftlab_sweep::Store`), printing
-/// one line per point with `describe`; returns the reports in order.
-pub fn run_grid(
-    label: &str,
-    points: &[GridPoint],
-    dir: &Path,
-    jobs: Option<usize>,
-    describe: &(dyn Fn(&Report) -> String + Sync),
-) -> Result<Vec<Report>> {
-    let spec = ftlab_sweep::Spec::of_configs(
-        label,
-        points.iter().map(|p| (p.name.clone(), p.config.clone())),
-    );
-    let store = ftlab_sweep::Store::open(dir)?;
-    let jobs = jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    eprintln!(
-        "ftlab experiment {label}: {} points, {jobs} at a time, reports in {}",
-        points.len(),
-        dir.display()
-    );
-    let finished = AtomicUsize::new(0);
-    let report_of = |i: usize| -> Result<Report> {
-        let json = store
-            .load(&spec.points[i])
-            .with_context(|| format!("{}: no report", points[i].name))?;
-        Ok(serde_json::from_str(&json)?)
-    };
-    ftlab_sweep::run::run_here(&spec, &store, jobs, &|f| {
-        let n = finished.fetch_add(1, Ordering::Relaxed) + 1;
-        let figures = report_of(f.index).map_or_else(|e| format!("{e:#}"), |r| describe(&r));
-        eprintln!(
-            "[{n}/{}] {}: {figures}{}",
-            points.len(),
-            points[f.index].name,
-            if f.ran {
-                format!(" ({:.1} s)", f.wall_seconds)
-            } else {
-                " (kept from an earlier run)".into()
-            }
-        );
-    })?;
-    (0..points.len()).map(report_of).collect()
-}
-
-/// Writes a figure as SVG and PNG beside each other (`stem.svg`, `stem.png`).
-pub fn draw_both(
-    stem: &Path,
-    size: (u32, u32),
-    draw_svg: &dyn Fn(DrawingArea<SVGBackend, Shift>) -> Result<()>,
-    draw_png: &dyn Fn(DrawingArea<BitMapBackend, Shift>) -> Result<()>,
-) -> Result<()> {
-    crate::plot::register_font()?;
-    let svg = stem.with_extension("svg");
-    draw_svg(SVGBackend::new(&svg, size).into_drawing_area())?;
-    eprintln!("wrote {}", svg.display());
-    let png = stem.with_extension("png");
-    draw_png(BitMapBackend::new(&png, size).into_drawing_area())?;
-    eprintln!("wrote {}", png.display());
-    Ok(())
 }
 
 #[derive(clap::Args)]

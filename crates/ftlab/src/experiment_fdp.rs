@@ -4,7 +4,8 @@
 //! lifetimes) at each GC threshold; a CSV row per point and a figure (WAF over the data written,
 //! and the steady-state WAF as bars).
 
-use crate::experiment::{draw_both, run_grid, GridPoint};
+use crate::grid::{run_grid, GridPoint};
+use crate::plot::draw_both;
 use anyhow::{Context, Result};
 use ftlab_core::config::ConfigBuilder;
 use ftlab_sim::Report;

@@ -17,6 +17,7 @@ mod bench_store;
 mod bench_sweep;
 mod experiment;
 mod experiment_fdp;
+mod grid;
 mod mapbench_cmd;
 mod output;
 mod plot;

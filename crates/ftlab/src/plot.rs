@@ -426,6 +426,23 @@ pub fn run(report: &Path, out: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// Writes a figure as SVG and PNG beside each other (`stem.svg`, `stem.png`).
+pub fn draw_both(
+    stem: &Path,
+    size: (u32, u32),
+    draw_svg: &dyn Fn(DrawingArea<SVGBackend, Shift>) -> Result<()>,
+    draw_png: &dyn Fn(DrawingArea<BitMapBackend, Shift>) -> Result<()>,
+) -> Result<()> {
+    crate::plot::register_font()?;
+    let svg = stem.with_extension("svg");
+    draw_svg(SVGBackend::new(&svg, size).into_drawing_area())?;
+    eprintln!("wrote {}", svg.display());
+    let png = stem.with_extension("png");
+    draw_png(BitMapBackend::new(&png, size).into_drawing_area())?;
+    eprintln!("wrote {}", png.display());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,7 @@
 //! `--dask`, handed to the Python package, which submits them to a Dask cluster), gathered into
 //! one table; `ftlab sweep plot RESULTS`: a figure of one column against another.
 
-use crate::experiment::draw_both;
-use crate::plot::{draw_legend, err};
+use crate::plot::{draw_both, draw_legend, err};
 use anyhow::{bail, Context, Result};
 use ftlab_sweep::run::{run_here, Finished};
 use ftlab_sweep::{Spec, Store};
