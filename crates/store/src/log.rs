@@ -1,5 +1,5 @@
 //! The device log: the on-disk form a durable device appends every change to, and the scan that
-//! recovers it after a crash. `durable.rs` builds the device directory (checkpoints, volumes,
+//! recovers it after a crash. `durable/` builds the device directory (checkpoints, volumes,
 //! the cleaner) on it.
 //!
 //! Owns: the record and segment formats, appending with `fdatasync` at commits, and deciding
