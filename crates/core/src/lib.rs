@@ -22,6 +22,7 @@
 //! ```
 
 pub mod addr;
+pub mod atomic_file;
 pub mod config;
 pub mod flash;
 pub mod ftl;

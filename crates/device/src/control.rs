@@ -12,6 +12,26 @@ pub fn control_path(dir: &Path) -> PathBuf {
     dir.join("control.sock")
 }
 
+/// Sends `c` to the control socket of the server of `dir` and returns its reply (what
+/// [`Device::control`] answered); None when nothing answers there (no server runs on `dir`).
+pub fn send(dir: &Path, c: &Control) -> std::io::Result<Option<serde_json::Value>> {
+    use std::io::{BufRead, Write};
+    let path = control_path(dir);
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(&path) else {
+        return Ok(None);
+    };
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+    writeln!(s, "{}", c.line())?;
+    let mut reply = String::new();
+    std::io::BufReader::new(s).read_line(&mut reply)?;
+    serde_json::from_str(&reply).map(Some).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: a reply that is not JSON", path.display()),
+        )
+    })
+}
+
 /// A control request is one line of at most this many bytes.
 pub const MAX_CONTROL_LINE_BYTES: u64 = 4096;
 

@@ -2,6 +2,7 @@
 //! written beside and renamed so that a failed save leaves the old image whole.
 
 use crate::{Device, DeviceError};
+use ftlab_core::atomic_file::{tmp_path_beside, AtomicFile};
 use ftlab_core::request::{Op, Request as FtlRequest};
 use std::io::{Read, Write};
 
@@ -135,22 +136,26 @@ impl Device {
             cause,
         };
         // Only a file this save created is removed when it fails.
-        let file = std::fs::File::create(&tmp).map_err(|e| not_saved("creating", false, e))?;
+        let mut file =
+            AtomicFile::create(path).map_err(|e| not_saved("creating", false, e.cause))?;
         let mut unreadable = Vec::new();
-        if let Err(e) = self.write_image(file, &mut unreadable) {
-            let _ = std::fs::remove_file(&tmp);
+        if let Err(e) = self.write_image(file.file(), &mut unreadable) {
+            drop(file);
             return Err(not_saved("writing", true, e));
         }
         if !unreadable.is_empty() {
             return Err(DeviceError::Unreadable {
                 path: path.to_path_buf(),
-                tmp,
+                tmp: file.keep_beside(),
                 unreadable,
             });
         }
-        std::fs::rename(&tmp, path).map_err(|cause| DeviceError::File {
-            path: path.to_path_buf(),
-            cause,
+        file.commit().map_err(|e| match e.action {
+            "syncing" => not_saved("writing", true, e.cause),
+            _ => DeviceError::File {
+                path: e.path,
+                cause: e.cause,
+            },
         })
     }
 
@@ -158,7 +163,7 @@ impl Device {
     /// `unreadable` and left as holes.
     fn write_image(
         &self,
-        mut file: std::fs::File,
+        file: &mut std::fs::File,
         unreadable: &mut Vec<ftlab_store::StoreError>,
     ) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
@@ -175,15 +180,6 @@ impl Device {
                     .and_then(|_| file.write_all(&page))?;
             }
         }
-        file.sync_all()
+        Ok(())
     }
-}
-
-/// Where a file is written before it is renamed over `path` (`--image`, `--stats`): `path` plus
-/// `.tmp`, so that it never touches another of the user's files (`disk.img` -> `disk.img.tmp`,
-/// not `disk.tmp`).
-pub fn tmp_path_beside(path: &std::path::Path) -> std::path::PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
-    name.into()
 }

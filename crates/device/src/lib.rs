@@ -29,7 +29,6 @@ pub use exports::Target;
 pub use ftlab_core::request::Placement;
 pub use ftlab_sim::placement::PlacementRanges;
 pub use ftlab_sim::trace::RecordFormat;
-pub use image::tmp_path_beside;
 pub use options::{
     DeviceOptions, Durability, ExportSpec, Latency, BATCH_PAGES, DEFAULT_MAX_INFLIGHT_BYTES,
     MAX_REQUEST_BYTES,

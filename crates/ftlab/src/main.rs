@@ -408,53 +408,29 @@ const RECORD_EPOCH_NS: u64 = 1_767_225_600_000_000_000;
 
 /// `ftlab check DIR [--repair]`.
 fn check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
-    use ftlab_store::durable::{checkpoint_position, device_geometry, DataDir, DirOptions};
-    anyhow::ensure!(dir.is_dir(), "{}: not a directory", dir.display());
-    let Some((pages, page_bytes)) = device_geometry(dir)? else {
-        anyhow::bail!(
-            "{}: no `{}` file: not a directory `ftlab serve --data` made",
-            dir.display(),
-            ftlab_store::durable::DEVICE_FILE
+    let checked = ftlab_store::durable::offline::check(dir, repair, &mut |damage, r| {
+        println!("{damage}");
+        println!(
+            "repaired: {} records kept after the checkpoint, {} bytes cut; set aside \
+             (nothing deleted):",
+            r.kept_records, r.cut_bytes
         );
-    };
-    let open = || {
-        DataDir::open(
-            dir,
-            &DirOptions {
-                segment_bytes: 1 << 20,
-                ..DirOptions::new(pages, page_bytes).read_only()
-            },
-        )
-    };
-    let (data, opened) = match open() {
-        Ok(o) => o,
-        Err(e) if repair => {
-            println!("{e}");
-            let r = ftlab_store::log::repair_from(dir, checkpoint_position(dir))?;
-            println!(
-                "repaired: {} records kept after the checkpoint, {} bytes cut; set aside \
-                 (nothing deleted):",
-                r.kept_records, r.cut_bytes
-            );
-            for p in &r.set_aside {
-                println!("  {}", p.display());
-            }
-            open()?
+        for p in &r.set_aside {
+            println!("  {}", p.display());
         }
-        Err(e) => return Err(e.into()),
-    };
-    let verified = data.verify()?;
-    let volumes = data.volumes();
+    })?;
+    let opened = &checked.opened;
     println!(
         "{}: {} segment(s); checkpoint at record {}; {} records after it verify ({} model \
-         requests in all); {} volume(s) ({}); {verified} mapped page records read back and verify",
+         requests in all); {} volume(s) ({}); {} mapped page records read back and verify",
         dir.display(),
-        ftlab_store::log::segment_indices(dir)?.len(),
+        checked.segments,
         opened.checkpoint_seq,
         opened.replayed_records,
         opened.requests.len(),
-        volumes.len(),
-        volumes
+        checked.volumes.len(),
+        checked
+            .volumes
             .iter()
             .map(|v| if v.name.is_empty() {
                 "the device".to_string()
@@ -463,6 +439,7 @@ fn check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
             })
             .collect::<Vec<_>>()
             .join(", "),
+        checked.verified_pages,
     );
     if let Some(why) = &opened.dropped_why {
         println!(

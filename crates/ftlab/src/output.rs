@@ -7,19 +7,23 @@
 //! (`/dev/stdout`, a FIFO) is written in place: renaming over it would replace the device.
 
 use anyhow::{Context, Result};
+use ftlab_core::atomic_file::AtomicFile;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub struct Output {
-    /// Where the contents end up (a symbolic link's target, so that the link stays).
-    path: PathBuf,
-    /// What the contents are written to: `tmp` when there is one, else `path` itself.
-    file: std::fs::File,
-    /// `PATH.tmp`, created by this run, renamed over `path` once written (None for a path that
-    /// is not a regular file, written in place).
-    tmp: Option<PathBuf>,
+    /// What the contents are written to.
+    target: Target,
     /// Appended bytes not yet written.
     pending: Vec<u8>,
+}
+
+enum Target {
+    /// A regular file (or none yet), replaced by `ftlab_core::atomic_file`'s rule once the
+    /// contents are whole; dropped uncommitted, it removes its `PATH.tmp`.
+    Replace(AtomicFile),
+    /// A path that is not a regular file, written in place.
+    InPlace { path: PathBuf, file: std::fs::File },
 }
 
 impl Output {
@@ -28,6 +32,7 @@ impl Output {
     pub fn open(path: &Path, what: &str) -> Result<Output> {
         let cannot = || format!("cannot write {what} to {}", path.display());
         let mut permissions = None;
+        // Where the contents end up: a symbolic link's target, so that the link stays.
         let path = match std::fs::metadata(path) {
             Ok(m) => {
                 // Written into (or, when regular, replaced): either way it must be writable now.
@@ -37,9 +42,10 @@ impl Output {
                     .with_context(cannot)?;
                 if !m.file_type().is_file() {
                     return Ok(Output {
-                        path: path.to_path_buf(),
-                        file,
-                        tmp: None,
+                        target: Target::InPlace {
+                            path: path.to_path_buf(),
+                            file,
+                        },
                         pending: Vec::new(),
                     });
                 }
@@ -48,21 +54,16 @@ impl Output {
             }
             Err(_) => path.to_path_buf(),
         };
-        let tmp = ftlab_device::tmp_path_beside(&path);
-        let file = std::fs::File::create(&tmp)
-            .with_context(|| format!("{}: cannot create {}", cannot(), tmp.display()))?;
+        let replacement = AtomicFile::create(&path).with_context(cannot)?;
         // The replacement keeps the replaced file's mode (a report kept private stays so); made
         // first so that its drop removes the `.tmp` if that fails.
-        let output = Output {
-            path,
-            file,
-            tmp: Some(tmp),
-            pending: Vec::new(),
-        };
-        if let (Some(p), Some(tmp)) = (permissions, &output.tmp) {
-            std::fs::set_permissions(tmp, p).with_context(cannot)?;
+        if let Some(p) = permissions {
+            std::fs::set_permissions(replacement.tmp_path(), p).with_context(cannot)?;
         }
-        Ok(output)
+        Ok(Output {
+            target: Target::Replace(replacement),
+            pending: Vec::new(),
+        })
     }
 
     /// Opens it when given.
@@ -81,35 +82,24 @@ impl Output {
     }
 
     fn drain(&mut self) -> Result<()> {
-        let written = self.tmp.as_ref().unwrap_or(&self.path);
-        let context = || format!("writing {}", written.display());
-        self.file.write_all(&self.pending).with_context(context)?;
+        match &mut self.target {
+            Target::Replace(file) => file.write_all(&self.pending)?,
+            Target::InPlace { path, file } => file
+                .write_all(&self.pending)
+                .with_context(|| format!("writing {}", path.display()))?,
+        }
         self.pending.clear();
         Ok(())
     }
 
     /// Makes what was appended, then `bytes`, the file's contents.
     pub fn write(mut self, bytes: &[u8]) -> Result<()> {
+        self.pending.extend_from_slice(bytes);
         self.drain()?;
-        let written = self.tmp.as_ref().unwrap_or(&self.path);
-        let context = || format!("writing {}", written.display());
-        self.file.write_all(bytes).with_context(context)?;
-        if let Some(tmp) = &self.tmp {
-            self.file.sync_all().with_context(context)?;
-            std::fs::rename(tmp, &self.path)
-                .with_context(|| format!("writing {}", self.path.display()))?;
-            self.tmp = None;
+        if let Target::Replace(file) = self.target {
+            file.commit()?;
         }
         Ok(())
-    }
-}
-
-impl Drop for Output {
-    fn drop(&mut self) {
-        // Not renamed: the run failed, or the rename did.
-        if let Some(tmp) = &self.tmp {
-            let _ = std::fs::remove_file(tmp);
-        }
     }
 }
 

@@ -1,19 +1,14 @@
-//! `ftlab snapshot` and `ftlab image`: a durable device's snapshots and clones, and raw images
-//! in and out of its directory. With the device served, snapshot commands go through the
-//! server's control socket (`DIR/control.sock`, one JSON line each way); otherwise they open
-//! the directory themselves (its lock keeps two writers apart).
+//! `ftlab snapshot`, `ftlab image` and `ftlab policy reload`: a durable device's snapshots and
+//! clones, and raw images in and out of its directory. With the device served, snapshot
+//! commands go through the server's control socket (`ftlab_device::control::send`); otherwise
+//! they open the directory themselves (`ftlab_store::durable::offline`; its lock keeps two
+//! writers apart).
 
-use anyhow::{Context, Result};
-use ftlab_device::control::{control_path, Control, MAX_CONTROL_LINE_BYTES};
-use ftlab_device::Device;
-use ftlab_store::durable::{device_geometry, DataDir, DirOptions, ModelRequest, VolumeKind};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::FileExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use anyhow::Result;
+use ftlab_device::control::{control_path, Control};
+use ftlab_store::durable::{offline, VolumeKind};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCommand {
@@ -60,121 +55,6 @@ pub enum ImageCommand {
     },
 }
 
-/// Listens on `DIR/control.sock` (mode 0600: the directory's owner only) until `stop`. A
-/// socket file left by a server that died is replaced; anything else at the path is refused.
-pub fn spawn_control(
-    device: Arc<Device>,
-    dir: &Path,
-    policy: Option<PathBuf>,
-    stop: Arc<AtomicBool>,
-) -> Result<PathBuf> {
-    let path = control_path(dir);
-    if let Ok(meta) = std::fs::symlink_metadata(&path) {
-        use std::os::unix::fs::FileTypeExt;
-        anyhow::ensure!(
-            meta.file_type().is_socket(),
-            "{}: exists and is not a socket: not replaced",
-            path.display()
-        );
-        anyhow::ensure!(
-            UnixStream::connect(&path).is_err(),
-            "{}: another server answers on it",
-            path.display()
-        );
-        std::fs::remove_file(&path).with_context(|| path.display().to_string())?;
-    }
-    let listener = UnixListener::bind(&path).with_context(|| path.display().to_string())?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| path.display().to_string())?;
-    }
-    listener.set_nonblocking(true)?;
-    let at = path.clone();
-    std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    if let Err(e) = answer(&device, policy.as_deref(), stream) {
-                        eprintln!("ftlab serve: control socket: {e:#}");
-                    }
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        let _ = std::fs::remove_file(&at);
-    });
-    Ok(path)
-}
-
-/// One request and its reply; a slow or oversized client is cut off.
-fn answer(device: &Device, policy: Option<&Path>, stream: UnixStream) -> Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = String::new();
-    BufReader::new((&stream).take(MAX_CONTROL_LINE_BYTES)).read_line(&mut line)?;
-    let principal = ftlab_device::policy::Principal::of_unix_peer(&stream);
-    let reply = match Control::parse(line.trim_end()) {
-        Ok(c) => {
-            let reply = device.control(policy, &principal, &c);
-            match (&c, policy) {
-                (Control::ReloadPolicy, Some(path)) if reply["ok"] == true => eprintln!(
-                    "ftlab serve: {}: policy reloaded ({} statements)",
-                    path.display(),
-                    reply["statements"]
-                ),
-                (Control::ReloadPolicy, Some(_)) => {
-                    eprintln!(
-                        "ftlab serve: policy {}",
-                        reply["error"].as_str().unwrap_or("")
-                    )
-                }
-                (Control::List | Control::ReloadPolicy, _) => {}
-                _ if reply["ok"] == true => eprintln!("ftlab serve: control: {}", c.line()),
-                _ => {}
-            }
-            reply
-        }
-        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
-    };
-    writeln!(&stream, "{reply}")?;
-    Ok(())
-}
-
-/// Sends `c` to a served directory's control socket; None when nothing answers there.
-fn send(dir: &Path, c: &Control) -> Result<Option<serde_json::Value>> {
-    let Ok(mut s) = UnixStream::connect(control_path(dir)) else {
-        return Ok(None);
-    };
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    writeln!(s, "{}", c.line())?;
-    let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply)?;
-    Ok(Some(serde_json::from_str(&reply).with_context(|| {
-        format!("{}: a reply that is not JSON", control_path(dir).display())
-    })?))
-}
-
-/// Opens `dir` offline, writable or not, with the geometry its device file names.
-fn open_offline(dir: &Path, read_only: bool) -> Result<DataDir> {
-    let Some((pages, page_bytes)) = device_geometry(dir)? else {
-        anyhow::bail!(
-            "{}: no `{}` file: not a directory `ftlab serve --data` made",
-            dir.display(),
-            ftlab_store::durable::DEVICE_FILE
-        );
-    };
-    Ok(DataDir::open(
-        dir,
-        &DirOptions {
-            read_only,
-            ..DirOptions::new(pages, page_bytes)
-        },
-    )?
-    .0)
-}
-
 fn print_volumes(volumes: &[ftlab_store::durable::VolumeInfo]) {
     println!(
         "{:<24} {:<9} {:<24} {:>12}",
@@ -200,7 +80,7 @@ fn print_volumes(volumes: &[ftlab_store::durable::VolumeInfo]) {
 
 /// `ftlab policy reload DIR`: the running server of `DIR` reads its `--policy` file again.
 pub fn reload_policy(dir: &Path) -> Result<()> {
-    let Some(reply) = send(dir, &Control::ReloadPolicy)? else {
+    let Some(reply) = ftlab_device::control::send(dir, &Control::ReloadPolicy)? else {
         anyhow::bail!(
             "{}: no server answers (the control socket is there only while `ftlab serve --data {}` runs; without --data, send it SIGHUP)",
             control_path(dir).display(),
@@ -227,7 +107,7 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
         SnapshotCommand::List { dir } => (dir, Control::List),
         SnapshotCommand::Delete { dir, name } => (dir, Control::Delete { name }),
     };
-    if let Some(reply) = send(&dir, &control)? {
+    if let Some(reply) = ftlab_device::control::send(&dir, &control)? {
         if reply["ok"] != true {
             anyhow::bail!(
                 "{}: {}",
@@ -250,7 +130,7 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
     }
     let read_only = matches!(control, Control::List);
     let started = Instant::now();
-    let mut data = open_offline(&dir, read_only)?;
+    let mut data = offline::open_offline(&dir, read_only)?;
     let opened_ms = started.elapsed().as_secs_f64() * 1e3;
     let started = Instant::now();
     match &control {
@@ -290,122 +170,25 @@ fn export(source: &str, file: &Path) -> Result<()> {
         Some((d, v)) => (Path::new(d), Some(v)),
         None => (Path::new(source), None),
     };
-    let data = open_offline(dir, true)?;
-    let (pages, page_bytes) = device_geometry(dir)?.expect("open_offline checked");
-    let id = match volume {
-        None => 0,
-        Some(v) => {
-            data.volume_named(v)
-                .with_context(|| format!("{}: no snapshot or clone `{v}`", dir.display()))?
-                .0
-        }
-    };
-    if let Ok(meta) = std::fs::symlink_metadata(file) {
-        anyhow::ensure!(
-            meta.file_type().is_file(),
-            "{}: exists and is not a regular file: not replaced",
-            file.display()
-        );
-    }
-    let tmp = ftlab_device::tmp_path_beside(file);
-    let out = std::fs::File::create(&tmp).with_context(|| tmp.display().to_string())?;
-    let write = || -> Result<u64> {
-        out.set_len(pages * page_bytes as u64)?;
-        let mut written = 0;
-        let mut locs = data.volume_pages(id);
-        locs.sort_unstable();
-        data.load_pages(&locs, &mut |lpn, page| {
-            written += 1;
-            out.write_all_at(page, lpn * page_bytes as u64)
-        })
-        .with_context(|| format!("exporting into {}", tmp.display()))?;
-        out.sync_all()?;
-        Ok(written)
-    };
-    match write() {
-        Ok(written) => {
-            std::fs::rename(&tmp, file).with_context(|| file.display().to_string())?;
-            println!(
-                "{}: {} bytes, {written} pages written from {source}",
-                file.display(),
-                pages * page_bytes as u64
-            );
-            Ok(())
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e.context(format!("{}: not written", file.display())))
-        }
-    }
+    let e = offline::export_image(dir, volume, file)?;
+    println!(
+        "{}: {} bytes, {} pages written from {source}",
+        file.display(),
+        e.image_bytes,
+        e.pages_written
+    );
+    Ok(())
 }
 
 fn import(config: &crate::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
     let config = crate::config_layers(config, &[], &[])?.build_device()?;
     let geometry = config.geometry()?;
-    let page_bytes = geometry.page_size_bytes as usize;
-    let image = std::fs::File::open(file).with_context(|| file.display().to_string())?;
-    let len = image.metadata()?.len();
-    anyhow::ensure!(
-        len <= geometry.logical_bytes(),
-        "{}: {len} bytes, larger than the device's {} (size it with --set capacity.logical_bytes={len})",
-        file.display(),
-        geometry.logical_bytes()
-    );
-    if dir.exists() {
-        anyhow::ensure!(
-            std::fs::read_dir(dir)?.next().is_none(),
-            "{}: not empty: import makes a new device directory",
-            dir.display()
-        );
-    }
-    let (mut data, _) = DataDir::open(dir, &DirOptions::new(geometry.logical_pages, page_bytes))?;
-    let mut page = vec![0u8; page_bytes];
-    let mut written = 0u64;
-    let mut run: Option<(u64, u64)> = None;
-    let mut clock_ns = 0u64;
-    // Runs of non-zero pages go to the model as writes of at most 1 MiB, a microsecond apart.
-    let mut flush_run = |data: &mut DataDir, run: &mut Option<(u64, u64)>| -> Result<()> {
-        if let Some((first, n)) = run.take() {
-            clock_ns += 1000;
-            data.request(ModelRequest {
-                op: ftlab_store::durable::model_op::WRITE,
-                offset_bytes: first * page_bytes as u64,
-                length_bytes: (n * page_bytes as u64) as u32,
-                arrival_ns: clock_ns,
-                reclaim_group: 0,
-                handle: 0,
-            })?;
-        }
-        Ok(())
-    };
-    let pages = len.div_ceil(page_bytes as u64);
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, image);
-    for lpn in 0..pages {
-        page.fill(0);
-        let mut got = 0;
-        while got < page_bytes {
-            match reader.read(&mut page[got..])? {
-                0 => break,
-                n => got += n,
-            }
-        }
-        if page.iter().all(|&b| b == 0) {
-            flush_run(&mut data, &mut run)?;
-            continue;
-        }
-        data.write_page(0, lpn, &page)?;
-        written += 1;
-        run = match run {
-            Some((first, n)) if (n + 1) * (page_bytes as u64) <= 1 << 20 => Some((first, n + 1)),
-            Some(_) => {
-                flush_run(&mut data, &mut run)?;
-                Some((lpn, 1))
-            }
-            None => Some((lpn, 1)),
-        };
-    }
-    flush_run(&mut data, &mut run)?;
-    data.checkpoint()?;
+    let written = offline::import_image(
+        file,
+        dir,
+        geometry.logical_pages,
+        geometry.page_size_bytes as usize,
+    )?;
     println!(
         "{}: a device of {} bytes made from {} ({written} non-zero pages)",
         dir.display(),

@@ -965,12 +965,10 @@ impl LogWriter {
 
 /// Makes a directory's entries (a new segment) durable.
 pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|cause| LogError::Io {
-            path: dir.to_path_buf(),
-            cause,
-        })
+    ftlab_core::atomic_file::sync_dir(dir).map_err(|cause| LogError::Io {
+        path: dir.to_path_buf(),
+        cause,
+    })
 }
 
 #[cfg(test)]

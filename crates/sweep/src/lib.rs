@@ -51,5 +51,13 @@ pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Sweep
         cause,
     }
 }
+
+/// A replacement that failed, naming its file.
+pub(crate) fn atomic(e: ftlab_core::atomic_file::AtomicFileError) -> SweepError {
+    SweepError::Io {
+        path: e.path.display().to_string(),
+        cause: e.cause,
+    }
+}
 pub use spec::{Point, Spec};
 pub use table::Table;

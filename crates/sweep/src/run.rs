@@ -7,7 +7,8 @@
 
 use crate::spec::{Point, Spec};
 use crate::table::Table;
-use crate::{io, Result, SweepError};
+use crate::{atomic, io, Result, SweepError};
+use ftlab_core::atomic_file::AtomicFile;
 use ftlab_core::Config;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,15 +73,10 @@ impl Store {
 
     /// Keeps `point`'s report: written beside under a name no other writer uses, then renamed.
     pub fn save(&self, point: &Point, json: &str) -> Result<()> {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let path = self.report_path(point);
-        let tmp = path.with_extension(format!(
-            "json.{}.{}.tmp",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&tmp, json).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))
+        let mut file = AtomicFile::create_unique(&path).map_err(atomic)?;
+        file.write_all(json.as_bytes()).map_err(atomic)?;
+        file.commit().map_err(atomic)
     }
 
     /// The points of `spec` without a report here.
@@ -110,9 +106,9 @@ impl Store {
             (self.csv_path(), table.to_csv()),
             (self.parquet_path(), table.to_parquet()?),
         ] {
-            let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-            std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-            std::fs::rename(&tmp, &path).map_err(io(&path))?;
+            let mut file = AtomicFile::create_unique(&path).map_err(atomic)?;
+            file.write_all(&bytes).map_err(atomic)?;
+            file.commit().map_err(atomic)?;
         }
         Ok(table)
     }

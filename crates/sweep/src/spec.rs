@@ -51,6 +51,9 @@ struct SpecFile {
     grid: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
     #[serde(default)]
     zip: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    /// `[cases.AXIS]`: each case a name and the keys it sets together.
+    #[serde(default)]
+    cases: BTreeMap<Spanned<String>, BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -84,7 +87,8 @@ pub struct Point {
 pub struct Spec {
     /// The file (or `<text>` for a spec given as text).
     pub origin: String,
-    /// The axes' keys, in expansion order: grid keys, zip keys, then `workload.seed`.
+    /// The axes' columns, in expansion order: grid keys, zip keys, each cases axis's name,
+    /// then `workload.seed`.
     pub parameters: Vec<String>,
     pub points: Vec<Point>,
 }
@@ -96,10 +100,50 @@ struct Located {
     line: usize,
 }
 
-/// One axis: its keys (one for a grid axis, several for `zip`) and its steps (a value per key).
+/// One axis: the columns it fills (its key for a grid axis or the seeds, its keys for `zip`,
+/// its name for a cases axis) and its steps.
 struct Axis {
-    keys: Vec<Located>,
-    steps: Vec<Vec<toml::Value>>,
+    columns: Vec<Located>,
+    steps: Vec<Step>,
+    /// A cases axis: a step's keys are checked together (a case may need them all), not each
+    /// alone on the base.
+    cases: bool,
+}
+
+/// One step of an axis: its columns' values and the keys it sets (the columns themselves, but
+/// for a case: its own keys).
+struct Step {
+    values: Vec<toml::Value>,
+    sets: Vec<(Located, toml::Value)>,
+}
+
+impl Axis {
+    /// An axis whose columns are the keys it sets: grid, zip, seeds.
+    fn of_keys(keys: Vec<Located>, steps: Vec<Vec<toml::Value>>) -> Axis {
+        let steps = steps
+            .into_iter()
+            .map(|values| Step {
+                sets: keys.iter().cloned().zip(values.iter().cloned()).collect(),
+                values,
+            })
+            .collect();
+        Axis {
+            columns: keys,
+            steps,
+            cases: false,
+        }
+    }
+
+    /// The keys its steps set, each once, with the first line that sets it.
+    fn keys(&self) -> Vec<&Located> {
+        let mut keys: Vec<&Located> = Vec::new();
+        for (k, _) in self.steps.iter().flat_map(|s| &s.sets) {
+            if !keys.iter().any(|seen| seen.key == k.key) {
+                keys.push(k);
+            }
+        }
+        keys
+    }
 }
 
 impl Spec {
@@ -179,10 +223,10 @@ impl Spec {
                 line: line(k.span()),
             };
             let values = axis_values(v.get_ref(), &key, origin, "grid")?;
-            axes.push(Axis {
-                keys: vec![key],
-                steps: values.into_iter().map(|v| vec![v]).collect(),
-            });
+            axes.push(Axis::of_keys(
+                vec![key],
+                values.into_iter().map(|v| vec![v]).collect(),
+            ));
         }
         let mut zip: Vec<_> = file.zip.iter().collect();
         zip.sort_by_key(|(k, _)| k.span().start);
@@ -213,7 +257,52 @@ impl Spec {
             let steps = (0..n)
                 .map(|i| columns.iter().map(|c| c[i].clone()).collect())
                 .collect();
-            axes.push(Axis { keys, steps });
+            axes.push(Axis::of_keys(keys, steps));
+        }
+        let mut cases: Vec<_> = file.cases.iter().collect();
+        cases.sort_by_key(|(k, _)| k.span().start);
+        for (name, table) in cases {
+            let column = Located {
+                key: name.get_ref().clone(),
+                line: line(name.span()),
+            };
+            if table.is_empty() {
+                refuse!(
+                    "{origin}:{}: cases `{}`: the axis has no cases",
+                    column.line,
+                    column.key
+                );
+            }
+            let mut named: Vec<_> = table.iter().collect();
+            named.sort_by_key(|(k, _)| k.span().start);
+            let mut steps = Vec::new();
+            for (case, settings) in named {
+                let at = line(case.span());
+                let toml::Value::Table(settings) = settings.get_ref() else {
+                    refuse!(
+                        "{origin}:{at}: case `{}` of `{}`: a table of settings, e.g. \
+                         {{ \"workload.kind\" = \"uniform\" }}",
+                        case.get_ref(),
+                        column.key
+                    );
+                };
+                let mut flat = Vec::new();
+                for (k, v) in settings {
+                    flatten(k, v, at, &mut flat);
+                }
+                steps.push(Step {
+                    values: vec![toml::Value::String(case.get_ref().clone())],
+                    sets: flat
+                        .into_iter()
+                        .map(|(key, value, line)| (Located { key, line }, value))
+                        .collect(),
+                });
+            }
+            axes.push(Axis {
+                columns: vec![column],
+                steps,
+                cases: true,
+            });
         }
         if let Some(s) = &file.seeds {
             let key = Located {
@@ -232,13 +321,13 @@ impl Spec {
                 }
                 v => axis_values(v, &key, origin, "seeds")?,
             };
-            axes.push(Axis {
-                keys: vec![key],
-                steps: seeds.into_iter().map(|v| vec![v]).collect(),
-            });
+            axes.push(Axis::of_keys(
+                vec![key],
+                seeds.into_iter().map(|v| vec![v]).collect(),
+            ));
         }
         let mut seen: BTreeMap<&str, &Located> = BTreeMap::new();
-        for k in axes.iter().flat_map(|a| &a.keys) {
+        for k in axes.iter().flat_map(|a| a.keys()) {
             if let Some(first) = seen.insert(&k.key, k) {
                 refuse!(
                     "{}: the key is an axis twice (also line {})",
@@ -250,15 +339,25 @@ impl Spec {
 
         // Every value alone on the base: a key the configuration does not have, or a value of
         // the wrong type, is named with its line before anything runs.
+        // A case's keys are set together, on one copy of the base.
         for axis in &mut axes {
             for step in &mut axis.steps {
-                for (key, value) in axis.keys.iter().zip(step.iter_mut()) {
+                let mut b = base.clone();
+                for (key, value) in step.sets.iter_mut() {
                     *value = resolve_path(&key.key, value.clone(), folder);
-                    let mut b = base.clone();
+                    if !axis.cases {
+                        b = base.clone();
+                    }
                     b.set_value(&key.key, value.clone())
                         .map_err(|e| spec_error!("{}: {e}", here(key)))?;
                     check_layer(&b, key, value)
                         .map_err(|e| spec_error!("{origin}:{}: {e}", key.line))?;
+                }
+                if !axis.cases {
+                    // The columns are the keys: they hold the values set, paths resolved.
+                    for (column, (_, set)) in step.values.iter_mut().zip(&step.sets) {
+                        *column = set.clone();
+                    }
                 }
             }
         }
@@ -266,7 +365,7 @@ impl Spec {
         // The points: every combination of the axes' steps, the last axis varying fastest.
         let parameters: Vec<String> = axes
             .iter()
-            .flat_map(|a| a.keys.iter().map(|k| k.key.clone()))
+            .flat_map(|a| a.columns.iter().map(|k| k.key.clone()))
             .collect();
         let count = axes
             .iter()
@@ -279,17 +378,18 @@ impl Spec {
             let mut builder = base.clone();
             let mut values = Vec::with_capacity(parameters.len());
             for (axis, &step) in axes.iter().zip(&odometer) {
-                for (key, value) in axis.keys.iter().zip(&axis.steps[step]) {
+                let step = &axis.steps[step];
+                for (key, value) in &step.sets {
                     builder.set_value(&key.key, value.clone())?;
-                    values.push(value.clone());
                 }
+                values.extend(step.values.iter().cloned());
             }
             let config = builder.build().map_err(|e| {
                 // Name the axis that set the key the configuration refused, when one did.
                 let culprit = match &e {
                     ConfigError::Invalid { key, .. } => axes
                         .iter()
-                        .flat_map(|a| &a.keys)
+                        .flat_map(|a| a.keys())
                         .find(|k| k.key == *key)
                         .map(|k| format!(":{}", k.line)),
                     _ => None,
@@ -476,6 +576,41 @@ mod tests {
         // Every point is another configuration, so another report.
         let hashes: std::collections::BTreeSet<_> = spec.points.iter().map(|p| &p.hash).collect();
         assert_eq!(hashes.len(), spec.points.len());
+    }
+
+    #[test]
+    fn a_cases_axis_sets_each_cases_keys_together_and_names_it_in_its_column() {
+        let spec = parse(
+            "[base]\npreset = \"validation-uniform\"\n[grid]\n\"ftl.write_buffer_mib\" = [0, 64]\n\
+             [cases.workload]\nrandom = { \"workload.kind\" = \"uniform\" }\n\
+             hot = { \"workload.kind\" = \"hotcold\", \"workload.hot_space_pcent\" = 7.5 }\n",
+        )
+        .unwrap();
+        assert_eq!(spec.parameters, ["ftl.write_buffer_mib", "workload"]);
+        assert_eq!(spec.points.len(), 4);
+        let p = &spec.points[1];
+        assert_eq!(p.label, "ftl.write_buffer_mib=0, workload=\"hot\"");
+        assert_eq!(p.config.workload.kind, "hotcold");
+        assert_eq!(p.config.workload.hot_space_pcent, 7.5);
+        // The case before it set none of its keys: the base's value stays.
+        let base = &spec.points[0].config.workload;
+        assert_eq!(base.kind, "uniform");
+        assert_ne!(base.hot_space_pcent, 7.5);
+        // A case's key on another axis too is refused, as any key on two axes.
+        let e = parse(
+            "[grid]\n\"workload.kind\" = [\"uniform\"]\n[cases.w]\na = { \"workload.kind\" = \"zipf\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("s.toml:4: `workload.kind`: the key is an axis twice"),
+            "{e}"
+        );
+        let e = parse("[cases.w]\na = 3\n").unwrap_err().to_string();
+        assert!(
+            e.contains("s.toml:2: case `a` of `w`: a table of settings"),
+            "{e}"
+        );
     }
 
     #[test]

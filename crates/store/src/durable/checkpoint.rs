@@ -237,16 +237,7 @@ impl DataDir {
             volumes: self.volumes.clone(),
         };
         let bytes = encode_checkpoint(&ck, self.page_bytes);
-        let tmp = self.dir.join(format!("{CHECKPOINT_FILE}.tmp"));
-        let path = self.dir.join(CHECKPOINT_FILE);
-        {
-            let mut f = File::create(&tmp).map_err(io(&tmp))?;
-            f.write_all(&bytes)
-                .and_then(|_| f.sync_all())
-                .map_err(io(&tmp))?;
-        }
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
-        sync_dir(&self.dir)?;
+        write_atomically(&self.dir.join(CHECKPOINT_FILE), &bytes).map_err(atomic)?;
         self.model_len = start + buf.len() as u64;
         self.model_entries = ck.model_entries;
         self.pending.clear();

@@ -24,9 +24,9 @@ use crate::log::{
     self, recover_from, scan_segment_from, segment_indices, segment_path, sync_dir, Kind, Loc,
     LogError, LogWriter, Position, Record,
 };
+use ftlab_core::atomic_file::{write_atomically, AtomicFileError};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -47,6 +47,7 @@ mod cleaner;
 mod error;
 mod loc_map;
 mod model_log;
+pub mod offline;
 mod volumes;
 
 use checkpoint::decode_checkpoint;
@@ -218,6 +219,14 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> LogError + '_ {
     }
 }
 
+/// A replacement (the checkpoint, the device file) that failed, naming its file.
+fn atomic(e: AtomicFileError) -> LogError {
+    LogError::Io {
+        path: e.path,
+        cause: e.cause,
+    }
+}
+
 fn damaged(path: &Path, why: impl std::fmt::Display) -> LogError {
     LogError::Damaged {
         path: path.to_path_buf(),
@@ -320,14 +329,11 @@ impl DataDir {
             Some(_) => {}
             None if read_only => {}
             None => {
-                let path = dir.join(DEVICE_FILE);
-                let tmp = dir.join(format!("{DEVICE_FILE}.tmp"));
-                let mut f = File::create(&tmp).map_err(io(&tmp))?;
-                write!(f, "ftlab device\npages={pages}\npage_bytes={page_bytes}\n")
-                    .and_then(|_| f.sync_all())
-                    .map_err(io(&tmp))?;
-                std::fs::rename(&tmp, &path).map_err(io(&path))?;
-                sync_dir(dir)?;
+                write_atomically(
+                    &dir.join(DEVICE_FILE),
+                    format!("ftlab device\npages={pages}\npage_bytes={page_bytes}\n").as_bytes(),
+                )
+                .map_err(atomic)?;
             }
         }
         let ck_path = dir.join(CHECKPOINT_FILE);
