@@ -1,15 +1,15 @@
-//! `ftlab experiment NAME`: a paper's evaluation grid, each point a simulation of its own, run in
-//! parallel, resumable (a point whose report exists is not run again), gathered into one CSV and
-//! drawn as the paper's figure.
+//! `ftlab experiment NAME`: a paper's evaluation grid, a sweep file in `sweeps/` (the one
+//! definition of the grid: `ftlab sweep` runs the same file), each point a simulation of its
+//! own, run in parallel, resumable (a point whose report exists is not run again), gathered
+//! into one CSV and drawn as the paper's figure.
 //!
 //! `hexa`: the Hexa-SSD paper's grid on the `hexa` preset: protected ratio
 //! x write buffer x buffer policy x workload (IOPS; UD/MD/GUD/GMD traffic). `fdp`: the FDP
 //! Ethereum Benchmark's, in `experiment_fdp`.
 
-use crate::grid::{run_grid, GridPoint};
+use crate::grid::run_grid;
 use crate::plot::draw_both;
 use anyhow::{Context, Result};
-use ftlab_core::config::ConfigBuilder;
 use ftlab_sim::Report;
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
@@ -26,12 +26,13 @@ pub struct ExperimentArgs {
 
 #[derive(clap::Subcommand)]
 enum Which {
-    /// The Hexa-SSD evaluation grid: protected ratio x write buffer x FIFO/Hexa x random,
-    /// JESD219, pgbench, into target/experiment-hexa/ (hexa.csv, hexa.png/svg).
+    /// The Hexa-SSD evaluation grid (sweeps/hexa.toml): protected ratio x write buffer x
+    /// FIFO/Hexa x random, JESD219, pgbench, into target/experiment-hexa/ (hexa.csv,
+    /// hexa.png/svg).
     Hexa(HexaArgs),
-    /// The FDP benchmark: the LSM workload with FDP tiers, one PID, auto placement and ideal
-    /// placement, at GC thresholds 60 % and 75 %, into target/experiment-fdp/ (fdp.csv,
-    /// fdp.png/svg).
+    /// The FDP benchmark (sweeps/fdp-placement.toml): the LSM workload with FDP tiers, one PID,
+    /// auto placement and ideal placement, at GC thresholds 60 % and 75 %, into
+    /// target/experiment-fdp/ (fdp.csv, fdp.png/svg).
     Fdp(crate::experiment_fdp::FdpArgs),
 }
 
@@ -44,123 +45,86 @@ pub fn run(args: ExperimentArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 pub struct HexaArgs {
+    /// The grid: a sweep file (docs/sweep.md) whose points set `ftl.write_buffer_mib`,
+    /// `ftl.buffer_policy` and `ftl.protected_ratio`, and name their workload in a `workload`
+    /// column (a `[cases.workload]` axis). The default is the paper's: 64 GiB written into a
+    /// 4 GiB area by random writes and JESD219, and the pgbench trace on a drive 75 % full.
+    #[arg(long, default_value = "sweeps/hexa.toml")]
+    sweep: PathBuf,
     /// Where each point's JSON report, the CSV and the figure go; points already there are kept.
     #[arg(long, default_value = "target/experiment-hexa")]
     out: PathBuf,
     /// Points simulated at once (default: the machine's cores).
     #[arg(long)]
     jobs: Option<usize>,
-    /// GiB written per synthetic point (the paper wrote 64 GB into a 4 GB area).
-    #[arg(long, default_value_t = 64.0)]
-    write_gib: f64,
-    /// Protected ratios, in percent.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,5,10,20,50,100")]
-    protected: Vec<f64>,
-    /// Write buffer sizes, MiB.
-    #[arg(long, value_delimiter = ',', default_value = "64,1024")]
-    buffers_mib: Vec<u64>,
-    /// Workloads: random (4 KiB random writes), jesd219, pgbench (the trace standing in for
-    /// TPC-C, on a device 75 % full).
-    #[arg(long, value_delimiter = ',', default_value = "random,jesd219,pgbench")]
-    workloads: Vec<String>,
-    /// The pgbench trace.
-    #[arg(long, default_value = "../shared/traces/pgbench.nbdlog.gz")]
-    pgbench: PathBuf,
 }
 
-/// One point of the grid.
+/// One point of the grid, as the figure and the CSV name it.
 #[derive(Clone, Debug)]
 struct Point {
     workload: String,
     buffer_mib: u64,
-    policy: &'static str,
+    policy: String,
     protected_pct: f64,
 }
 
 impl Point {
-    fn name(&self) -> String {
-        format!(
-            "{}-{}MiB-{}-{}pct",
-            self.workload, self.buffer_mib, self.policy, self.protected_pct
-        )
-    }
-
-    fn settings(&self, args: &HexaArgs) -> Result<Vec<String>> {
-        let mut s = vec![
-            format!("ftl.write_buffer_mib={}", self.buffer_mib),
-            format!("ftl.buffer_policy={}", self.policy),
-            format!("ftl.protected_ratio={}", self.protected_pct / 100.0),
-        ];
-        // The paper's fio jobs: 4 threads writing 64 GB into a 4 GB area of a fresh drive.
-        let requests = (args.write_gib * (1u64 << 30) as f64 / 4096.0).round() as u64;
-        match self.workload.as_str() {
-            "random" | "jesd219" => s.extend([
-                format!(
-                    "workload.kind={}",
-                    if self.workload == "random" {
-                        "uniform"
-                    } else {
-                        "jesd219"
-                    }
-                ),
-                format!("workload.requests={requests}"),
-                "workload.span_bytes=4294967296".into(),
-                "workload.precondition=false".into(),
-            ]),
-            "pgbench" => s.extend([
-                format!(
-                    "workload.trace={}",
-                    toml::Value::String(args.pgbench.display().to_string())
-                ),
-                "workload.wrap=true".into(),
-                // The paper's TPC-C ran 10 threads: closed loop, 10 outstanding (at the trace's
-                // own timestamps every policy would show the trace's IOPS).
-                "workload.replay=closed".into(),
-                "workload.queue_depth=10".into(),
-                // The paper's TPC-C ran on a drive 75 % full.
-                "workload.precondition=true".into(),
-                "workload.precondition_fill=0.75".into(),
-                "workload.precondition_overwrites=0".into(),
-            ]),
-            other => anyhow::bail!("unknown workload `{other}` (random, jesd219, pgbench)"),
+    /// What the sweep's point sets: its workload from the `workload` column (or, without one,
+    /// `workload.kind`), the rest from its configuration.
+    fn of(spec: &ftlab_sweep::Spec, p: &ftlab_sweep::Point) -> Point {
+        let workload = spec
+            .parameters
+            .iter()
+            .position(|k| k == "workload")
+            .and_then(|i| p.values[i].as_str().map(String::from))
+            .unwrap_or_else(|| p.config.workload.kind.clone());
+        let ftl = &p.config.ftl;
+        Point {
+            workload,
+            buffer_mib: ftl.write_buffer_mib as u64,
+            policy: format!("{:?}", ftl.buffer_policy).to_lowercase(),
+            // Percent, as the paper plots it (0.01 -> 1).
+            protected_pct: (ftl.protected_ratio * 1e4).round() / 100.0,
         }
-        Ok(s)
     }
 }
 
-fn grid(args: &HexaArgs) -> Vec<Point> {
-    let mut points = Vec::new();
-    for workload in &args.workloads {
-        for &buffer_mib in &args.buffers_mib {
-            for policy in ["fifo", "hexa"] {
-                for &protected_pct in &args.protected {
-                    points.push(Point {
-                        workload: workload.clone(),
-                        buffer_mib,
-                        policy,
-                        protected_pct,
-                    });
-                }
+/// The values each axis of the figure takes, in the order drawn.
+struct Axes {
+    workloads: Vec<String>,
+    protected: Vec<f64>,
+    buffers_mib: Vec<u64>,
+}
+
+impl Axes {
+    fn of(points: &[Point]) -> Axes {
+        let mut axes = Axes {
+            workloads: Vec::new(),
+            protected: Vec::new(),
+            buffers_mib: Vec::new(),
+        };
+        for p in points {
+            if !axes.workloads.contains(&p.workload) {
+                axes.workloads.push(p.workload.clone());
+            }
+            if !axes.protected.contains(&p.protected_pct) {
+                axes.protected.push(p.protected_pct);
+            }
+            if !axes.buffers_mib.contains(&p.buffer_mib) {
+                axes.buffers_mib.push(p.buffer_mib);
             }
         }
+        axes.protected.sort_by(f64::total_cmp);
+        axes.buffers_mib.sort_unstable();
+        axes
     }
-    points
 }
 
 fn run_hexa(args: HexaArgs) -> Result<()> {
     let started = Instant::now();
-    let points = grid(&args);
-    let mut grid_points = Vec::new();
-    for point in &points {
-        let mut b = ConfigBuilder::from_preset("hexa")?;
-        for s in point.settings(&args)? {
-            b.set(&s)?;
-        }
-        grid_points.push(GridPoint {
-            name: point.name(),
-            config: b.build()?,
-        });
-    }
+    let spec = ftlab_sweep::Spec::load(&args.sweep)?;
+    let points: Vec<Point> = spec.points.iter().map(|p| Point::of(&spec, p)).collect();
+    let axes = Axes::of(&points);
     let describe = |r: &Report| {
         format!(
             "WAF {} IOPS {:.0}",
@@ -168,7 +132,7 @@ fn run_hexa(args: HexaArgs) -> Result<()> {
             r.iops
         )
     };
-    let reports = run_grid("hexa", &grid_points, &args.out, args.jobs, &describe)?;
+    let reports = run_grid("hexa", &spec, &args.out, args.jobs, &describe)?;
     let csv = args.out.join("hexa.csv");
     std::fs::write(&csv, table(&points, &reports))
         .with_context(|| format!("writing {}", csv.display()))?;
@@ -180,8 +144,8 @@ fn run_hexa(args: HexaArgs) -> Result<()> {
     draw_both(
         &args.out.join("hexa"),
         (1500, 900),
-        &|area| draw(area, &args, &points, &reports),
-        &|area| draw(area, &args, &points, &reports),
+        &|area| draw(area, &axes, &points, &reports),
+        &|area| draw(area, &axes, &points, &reports),
     )
 }
 
@@ -224,7 +188,7 @@ fn table(points: &[Point], reports: &[Report]) -> String {
 /// Hexa side by side at each ratio, largest buffer).
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
-    args: &HexaArgs,
+    args: &Axes,
     points: &[Point],
     reports: &[Report],
 ) -> Result<()> {

@@ -4,10 +4,9 @@
 //! lifetimes) at each GC threshold; a CSV row per point and a figure (WAF over the data written,
 //! and the steady-state WAF as bars).
 
-use crate::grid::{run_grid, GridPoint};
+use crate::grid::run_grid;
 use crate::plot::draw_both;
 use anyhow::{Context, Result};
-use ftlab_core::config::ConfigBuilder;
 use ftlab_sim::Report;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -16,6 +15,11 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct FdpArgs {
+    /// The grid: a sweep file (docs/sweep.md) whose points set `workload.lsm_placement`,
+    /// `fdp.placement` and `ftl.gc_thres_pcent`. The default is the benchmark's: ten logical
+    /// capacities of LSM writes on FEMU's device, four placements at GC thresholds 60 and 75 %.
+    #[arg(long, default_value = "sweeps/fdp-placement.toml")]
+    sweep: PathBuf,
     /// Where each point's JSON report, fdp.csv and the figure go; points already there (for
     /// the same configuration) are kept.
     #[arg(long, default_value = "target/experiment-fdp")]
@@ -23,59 +27,30 @@ pub struct FdpArgs {
     /// Points simulated at once (default: the machine's cores).
     #[arg(long)]
     jobs: Option<usize>,
-    /// Logical capacities of data the LSM writes per point (WAL, flushes and compactions).
-    #[arg(long, default_value_t = 10.0)]
-    overwrites: f64,
-    /// GC thresholds (ftl.gc_thres_pcent: background GC once this share of superblocks is used).
-    #[arg(long, value_delimiter = ',', default_value = "60,75")]
-    gc_thresholds: Vec<f64>,
-    /// Placements: tiers (the seed's FDP), one (one PID), auto (the device guesses), ideal.
-    #[arg(long, value_delimiter = ',', default_value = "tiers,one,auto,ideal")]
-    placements: Vec<String>,
-    /// The LSM's key space (the last level's size), GiB of the 12 GiB device: 8 fills it as the
-    /// seed's import had filled its drive when GC began.
-    #[arg(long, default_value_t = 8.0)]
-    key_space_gib: f64,
-    /// Further configuration for every point, e.g. --set flash.blocks_per_die=64 for a quick run.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    sets: Vec<String>,
 }
 
 /// One point: a placement at a GC threshold.
 #[derive(Clone, Debug)]
 struct Point {
+    /// tiers (the host's placement IDs by LSM tier), one (one PID), auto (the device
+    /// guesses), ideal (true lifetimes).
     placement: String,
     gc_thres_pcent: f64,
 }
 
 impl Point {
-    fn name(&self) -> String {
-        format!("{}-gc{}", self.placement, self.gc_thres_pcent)
-    }
-
-    fn settings(&self, args: &FdpArgs) -> Result<Vec<String>> {
-        let key_space = (args.key_space_gib * (1u64 << 30) as f64) as u64;
-        let mut s = vec![
-            "workload.kind=lsm".to_string(),
-            "workload.precondition=false".into(),
-            format!("workload.overwrites={}", args.overwrites),
-            format!("workload.lsm_key_space_bytes={key_space}"),
-            // The seed's five tiers, each its own persistently isolated handle.
-            "ftl.streams=5".into(),
-            format!("ftl.gc_thres_pcent={}", self.gc_thres_pcent),
-        ];
-        s.extend(
-            match self.placement.as_str() {
-                "tiers" => ["workload.lsm_placement=\"tiers\"", "fdp.placement=\"host\""],
-                "one" => ["workload.lsm_placement=\"one\"", "fdp.placement=\"host\""],
-                "auto" => ["workload.lsm_placement=\"one\"", "fdp.placement=\"auto\""],
-                "ideal" => ["workload.lsm_placement=\"one\"", "fdp.placement=\"ideal\""],
-                other => anyhow::bail!("unknown placement `{other}` (tiers, one, auto, ideal)"),
-            }
-            .map(String::from),
-        );
-        s.extend(args.sets.iter().cloned());
-        Ok(s)
+    fn of(config: &ftlab_core::Config) -> Point {
+        use ftlab_core::config::{LsmPlacement, PlacementPolicy};
+        let placement = match (config.workload.lsm_placement, config.fdp.placement) {
+            (LsmPlacement::Tiers, PlacementPolicy::Host) => "tiers",
+            (LsmPlacement::One, PlacementPolicy::Host) => "one",
+            (_, PlacementPolicy::Auto) => "auto",
+            (_, PlacementPolicy::Ideal) => "ideal",
+        };
+        Point {
+            placement: placement.to_string(),
+            gc_thres_pcent: config.ftl.gc_thres_pcent,
+        }
     }
 }
 
@@ -84,27 +59,27 @@ fn steady_waf(r: &Report) -> Option<f64> {
     ftlab_sim::waf_window::steady_waf(&r.series, r.host_write_pages)
 }
 
+/// The values each axis of the figure takes, in the sweep's order.
+struct Axes {
+    gc_thresholds: Vec<f64>,
+    placements: Vec<String>,
+}
+
 pub fn run(args: FdpArgs) -> Result<()> {
     let started = std::time::Instant::now();
-    let mut points = Vec::new();
-    for &gc_thres_pcent in &args.gc_thresholds {
-        for placement in &args.placements {
-            points.push(Point {
-                placement: placement.clone(),
-                gc_thres_pcent,
-            });
-        }
-    }
-    let mut grid = Vec::new();
+    let spec = ftlab_sweep::Spec::load(&args.sweep)?;
+    let points: Vec<Point> = spec.points.iter().map(|p| Point::of(&p.config)).collect();
+    let mut axes = Axes {
+        gc_thresholds: Vec::new(),
+        placements: Vec::new(),
+    };
     for p in &points {
-        let mut b = ConfigBuilder::from_preset("femu")?;
-        for s in p.settings(&args)? {
-            b.set(&s)?;
+        if !axes.gc_thresholds.contains(&p.gc_thres_pcent) {
+            axes.gc_thresholds.push(p.gc_thres_pcent);
         }
-        grid.push(GridPoint {
-            name: p.name(),
-            config: b.build().with_context(|| p.name())?,
-        });
+        if !axes.placements.contains(&p.placement) {
+            axes.placements.push(p.placement.clone());
+        }
     }
     let describe = |r: &Report| {
         format!(
@@ -113,11 +88,11 @@ pub fn run(args: FdpArgs) -> Result<()> {
             ftlab_sim::report::waf_text(steady_waf(r))
         )
     };
-    let reports = run_grid("fdp", &grid, &args.out, args.jobs, &describe)?;
+    let reports = run_grid("fdp", &spec, &args.out, args.jobs, &describe)?;
     let csv = args.out.join("fdp.csv");
     std::fs::write(&csv, table(&points, &reports))
         .with_context(|| format!("writing {}", csv.display()))?;
-    for &gc in &args.gc_thresholds {
+    for &gc in &axes.gc_thresholds {
         let steady = |name: &str| {
             points
                 .iter()
@@ -142,8 +117,8 @@ pub fn run(args: FdpArgs) -> Result<()> {
     draw_both(
         &args.out.join("fdp"),
         (1400, 900),
-        &|area| draw(area, &args, &points, &reports),
-        &|area| draw(area, &args, &points, &reports),
+        &|area| draw(area, &axes, &points, &reports),
+        &|area| draw(area, &axes, &points, &reports),
     )
 }
 
@@ -187,7 +162,7 @@ fn table(points: &[Point], reports: &[Report]) -> String {
 /// placement, above; the steady-state WAF as bars, below; a column per GC threshold.
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
-    args: &FdpArgs,
+    args: &Axes,
     points: &[Point],
     reports: &[Report],
 ) -> Result<()> {

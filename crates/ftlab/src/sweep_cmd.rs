@@ -28,7 +28,10 @@ preset = \"validation-uniform\"              # then config = [FILES], trace = FI
 \"workload.kind\" = [\"uniform\", \"hotcold\"]\n  \
 [zip]                                      # paired values, one axis\n  \
 \"ftl.write_buffer_mib\" = [0, 64]\n  \
-\"ftl.buffer_policy\" = [\"fifo\", \"hexa\"]\n\n\
+\"ftl.buffer_policy\" = [\"fifo\", \"hexa\"]\n  \
+[cases.workload]                           # named sets of keys, one axis (column `workload`)\n  \
+random = { \"workload.kind\" = \"uniform\" }\n  \
+pgbench = { \"workload.trace\" = \"pgbench.nbdlog.gz\", \"workload.replay\" = \"closed\" }\n\n\
 Examples:\n  \
 ftlab sweep sweeps/waf-vs-op.toml --dry-run         # the points, and which are done\n  \
 ftlab sweep sweeps/waf-vs-op.toml                   # run them; results in sweeps/waf-vs-op-results/\n  \

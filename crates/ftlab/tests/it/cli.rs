@@ -1490,19 +1490,23 @@ fn a_power_cut_loses_no_acknowledged_write() {
 fn the_hexa_experiment_runs_its_grid_and_resumes() {
     let dir = temp_dir("cli-experiment");
     let out = dir.join("exp");
+    // The paper's grid cut down: one buffer, two ratios, random writes only, 0.25 GiB a point.
+    let sweep = dir.join("hexa.toml");
+    std::fs::write(
+        &sweep,
+        "[base]\npreset = \"hexa\"\n[grid]\n\"ftl.write_buffer_mib\" = [64]\n\
+         \"ftl.buffer_policy\" = [\"fifo\", \"hexa\"]\n\"ftl.protected_ratio\" = [0.01, 1.0]\n\
+         [cases.workload]\nrandom = { \"workload.kind\" = \"uniform\", \"workload.requests\" = 65536, \
+         \"workload.span_bytes\" = 4294967296, \"workload.precondition\" = false }\n",
+    )
+    .unwrap();
     let args = [
         "experiment",
         "hexa",
+        "--sweep",
+        sweep.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
-        "--write-gib",
-        "0.25",
-        "--protected",
-        "1,100",
-        "--buffers-mib",
-        "64",
-        "--workloads",
-        "random",
         "--jobs",
         "2",
     ];

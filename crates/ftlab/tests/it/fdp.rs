@@ -269,17 +269,27 @@ fn the_lsm_workload_separates_tiers_and_records_a_replayable_trace() {
 fn the_fdp_experiment_runs_resumes_and_draws() {
     let dir = temp_dir("fdp-experiment");
     let out = dir.path().to_str().unwrap();
-    let mut args = vec!["experiment", "fdp", "--out", out, "--overwrites", "3"];
-    args.extend(["--gc-thresholds", "60", "--key-space-gib", "0.41"]);
-    for s in [
-        "flash.blocks_per_die=16",
-        "flash.superblock_dies=8",
-        "capacity.over_provisioning=0.3",
-        "workload.lsm_memtable_bytes=1048576",
-        "workload.lsm_sst_bytes=1048576",
-    ] {
-        args.extend(["--set", s]);
-    }
+    // The benchmark's grid on a small device: 3 capacities written, GC at 60 % only.
+    let sweep = dir.path().join("fdp.toml");
+    std::fs::write(
+        &sweep,
+        "[base]\npreset = \"femu\"\nset = { \"workload.kind\" = \"lsm\", \"workload.precondition\" = false, \
+         \"workload.overwrites\" = 3, \"workload.lsm_key_space_bytes\" = 440234147, \"ftl.streams\" = 5, \
+         \"flash.blocks_per_die\" = 16, \"flash.superblock_dies\" = 8, \"capacity.over_provisioning\" = 0.3, \
+         \"workload.lsm_memtable_bytes\" = 1048576, \"workload.lsm_sst_bytes\" = 1048576 }\n\
+         [grid]\n\"ftl.gc_thres_pcent\" = [60]\n\
+         [zip]\n\"workload.lsm_placement\" = [\"tiers\", \"one\", \"one\", \"one\"]\n\
+         \"fdp.placement\" = [\"host\", \"host\", \"auto\", \"ideal\"]\n",
+    )
+    .unwrap();
+    let args = vec![
+        "experiment",
+        "fdp",
+        "--sweep",
+        sweep.to_str().unwrap(),
+        "--out",
+        out,
+    ];
     let (ok, _, stderr) = ftlab(&args);
     assert!(ok, "{stderr}");
     assert!(stderr.contains("gc 60 %: steady WAF one PID"), "{stderr}");
