@@ -45,7 +45,7 @@ cargo test --workspace --doc || status=$?
 # the abi3 wheel built by maturin and installed, then pytest (python/tests), which compares the
 # package with the `ftlab` binary nextest just built.
 [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
-target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest numpy pandas pyarrow distributed prometheus_client pysqlite3-binary
+target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest numpy pandas pyarrow distributed prometheus_client pysqlite3-binary nbclient ipykernel matplotlib
 rm -rf target/wheels
 target/pyenv/bin/maturin build --release --out target/wheels
 target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/ftlab-*.whl

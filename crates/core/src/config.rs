@@ -408,7 +408,7 @@ pub struct WorkloadConfig {
     /// lsm: the largest SST a compaction writes.
     #[serde(default = "sixteen_mib")]
     pub lsm_sst_bytes: u64,
-    /// lsm: writes tagged with the seed's tiers as placement handles, or all with handle 0.
+    /// lsm: writes tagged with the FDP Ethereum Benchmark's tiers as placement handles, or all with handle 0.
     #[serde(default)]
     pub lsm_placement: LsmPlacement,
     /// Bytes of the logical space the generator touches; 0 = all of it.
@@ -460,7 +460,7 @@ pub struct WorkloadConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LsmPlacement {
-    /// By tier, as the seed's FDP benchmark: 0 WAL, 1 flush, 2 L0 -> Lbase, 3 into a middle
+    /// By tier, as the FDP Ethereum Benchmark: 0 WAL, 1 flush, 2 L0 -> Lbase, 3 into a middle
     /// level, 4 into the last (capped at the device's last handle).
     #[default]
     Tiers,

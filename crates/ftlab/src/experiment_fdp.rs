@@ -1,5 +1,5 @@
 //! `ftlab experiment fdp`: the FDP Ethereum Benchmark without a VM: the LSM workload (docs/lsm.md)
-//! on the FEMU preset with five reclaim unit handles, placed four ways (the seed's tiers as
+//! on the FEMU preset with five reclaim unit handles, placed four ways (the FDP Ethereum Benchmark's tiers as
 //! placement IDs, one PID for all, the device's auto placement, ideal placement by true
 //! lifetimes) at each GC threshold; a CSV row per point and a figure (WAF over the data written,
 //! and the steady-state WAF as bars).

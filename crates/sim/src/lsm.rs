@@ -25,7 +25,7 @@
 //! their outputs as SSTs of at most `lsm_sst_bytes`, then delete the inputs. It starts as after
 //! `mkfs` (a discard of the whole span) and a bulk load of the key space into the last level.
 //!
-//! Each write carries the tier of the seed's FDP benchmark as its placement handle (capped at
+//! Each write carries the tier of the FDP Ethereum Benchmark as its placement handle (capped at
 //! the device's last handle): 0 WAL, 1 flush, 2 L0 -> Lbase, 3 into a middle level, 4 into the
 //! last level; or handle 0 for all (`lsm_placement = "one"`, the baseline).
 //!
@@ -41,7 +41,7 @@ const SST_IO_BYTES: u64 = 1 << 20;
 /// Extents are allocated in units of this many bytes (a filesystem block).
 const BLOCK_BYTES: u64 = 4096;
 
-/// Where a write comes from: the seed's tiers.
+/// Where a write comes from: the FDP Ethereum Benchmark's tiers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Tier {
