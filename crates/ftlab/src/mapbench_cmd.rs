@@ -153,7 +153,7 @@ pub fn run(args: MapbenchArgs) -> Result<()> {
     for path in &args.traces {
         for &source in sources {
             // On stderr, and only on a terminal, after the first second.
-            let mut view = crate::ProgressView::new(true);
+            let mut view = crate::progress::ProgressView::new(true);
             // Its errors name the trace (and the line) themselves.
             let ops = ftlab_mapbench::ops_from_trace_with(
                 path,
@@ -207,7 +207,7 @@ fn run_tiled(
         ops.logical_pages * 4096,
         path.display()
     );
-    let mut view = crate::ProgressView::new(true);
+    let mut view = crate::progress::ProgressView::new(true);
     let result = ftlab_mapbench::run_tiled(&ops, tiles, args.learned_buffer_divisor, |done| {
         view.update(ftlab_sim::sim::Progress {
             phase: "tiling",

@@ -47,7 +47,7 @@ pub enum ImageCommand {
     /// device through the FTL model's log (the model replays them at the first serve).
     Import {
         #[command(flatten)]
-        config: crate::ConfigArgs,
+        config: crate::config_args::ConfigArgs,
         /// The raw image (at most the device's logical size).
         file: PathBuf,
         /// A directory that does not exist yet or is empty.
@@ -180,8 +180,8 @@ fn export(source: &str, file: &Path) -> Result<()> {
     Ok(())
 }
 
-fn import(config: &crate::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
-    let config = crate::config_layers(config, &[], &[])?.build_device()?;
+fn import(config: &crate::config_args::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
+    let config = crate::config_args::config_layers(config, &[], &[])?.build_device()?;
     let geometry = config.geometry()?;
     let written = offline::import_image(
         file,
@@ -195,5 +195,49 @@ fn import(config: &crate::ConfigArgs, file: &Path, dir: &Path) -> Result<()> {
         geometry.logical_bytes(),
         file.display()
     );
+    Ok(())
+}
+
+/// `ftlab check DIR [--repair]`.
+pub fn run_check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
+    let checked = ftlab_store::durable::offline::check(dir, repair, &mut |damage, r| {
+        println!("{damage}");
+        println!(
+            "repaired: {} records kept after the checkpoint, {} bytes cut; set aside \
+             (nothing deleted):",
+            r.kept_records, r.cut_bytes
+        );
+        for p in &r.set_aside {
+            println!("  {}", p.display());
+        }
+    })?;
+    let opened = &checked.opened;
+    println!(
+        "{}: {} segment(s); checkpoint at record {}; {} records after it verify ({} model \
+         requests in all); {} volume(s) ({}); {} mapped page records read back and verify",
+        dir.display(),
+        checked.segments,
+        opened.checkpoint_seq,
+        opened.replayed_records,
+        opened.requests.len(),
+        checked.volumes.len(),
+        checked
+            .volumes
+            .iter()
+            .map(|v| if v.name.is_empty() {
+                "the device".to_string()
+            } else {
+                format!("{:?} {}", v.kind, v.name).to_lowercase()
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        checked.verified_pages,
+    );
+    if let Some(why) = &opened.dropped_why {
+        println!(
+            "a {}-byte tail no FLUSH acknowledged will be dropped at the next start ({why})",
+            opened.dropped_bytes
+        );
+    }
     Ok(())
 }

@@ -11,7 +11,7 @@ use ftlab_core::ftl::mapping::runs::Run;
 
 /// A delta keeps bits once it holds more runs than this (its first run list's capacity); until
 /// then its runs are scanned.
-pub(super) const BITS_ABOVE_RUNS: usize = super::buffer::MIN_RUNS_GROWTH;
+pub(super) const BITS_ABOVE_RUNS: usize = super::MIN_RUNS_GROWTH;
 
 /// `Delta::bits` of a delta that has none.
 pub(super) const NO_BITS: u32 = u32::MAX;

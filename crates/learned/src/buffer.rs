@@ -3,9 +3,6 @@
 
 use super::*;
 
-/// The fewest runs a delta's list grows by (see `write_delta_slow`).
-pub(crate) const MIN_RUNS_GROWTH: usize = 8;
-
 impl LearnedMapping {
     /// Gives delta `d`, which has none, its bits, set from its runs: it holds more than
     /// `BITS_ABOVE_RUNS` runs now (runs are added only where `write_delta_slow` assigns).

@@ -70,6 +70,8 @@ pub const BUFFER_LIVE_DIVISOR: u64 = 16;
 /// ...but never more than this (8 MiB of runs at worst, on any device size).
 pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 
+/// The fewest runs a delta's list grows by (see `write_delta_slow`).
+const MIN_RUNS_GROWTH: usize = 8;
 pub use ftlab_core::ftl::mapping::activity::{GroupEncodings, LearnedActivity, LearnedStats};
 
 #[derive(Clone, Debug)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub config: crate::ConfigArgs,
+    pub config: crate::config_args::ConfigArgs,
     /// TCP address to listen on (a non-loopback address only when given explicitly).
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub listen: String,

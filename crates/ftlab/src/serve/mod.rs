@@ -38,7 +38,7 @@ fn grow_heaps_in_large_steps() {
 pub fn run(args: ServeArgs) -> Result<()> {
     grow_heaps_in_large_steps();
     // The workload section is the simulator's; hosts drive this device.
-    let config = crate::config_layers(&args.config, &[], &[])?.build_device()?;
+    let config = crate::config_args::config_layers(&args.config, &[], &[])?.build_device()?;
     let (options, nbd) = args.options()?;
     let codec = options.codec;
     let device = Arc::new(Device::new(&config, options)?);
