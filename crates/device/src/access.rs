@@ -80,6 +80,17 @@ impl Device {
         d.allowed
     }
 
+    /// As `allows`, without counting or auditing a denial: what a listing leaves out.
+    pub fn allows_quietly(
+        &self,
+        principal: &policy::Principal,
+        action: &str,
+        export: &str,
+    ) -> bool {
+        self.current_policy()
+            .is_none_or(|p| p.decide(principal, action, export).allowed)
+    }
+
     /// The `policy::IO_*` bits `principal` is allowed on `target`, decided once at
     /// negotiation (a denial is audited when a command meets it, or when none is allowed).
     pub fn io_allowed(&self, principal: &policy::Principal, target: Target) -> u8 {

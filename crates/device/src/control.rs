@@ -38,21 +38,27 @@ pub const MAX_CONTROL_LINE_BYTES: u64 = 4096;
 /// Why a request line is not a request.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ControlError {
-    #[error("`{0}`: snapshot or clone")]
-    Kind(String),
     #[error(
-        "`{0}`: the requests are `create NAME snapshot|clone [FROM]`, `delete NAME`, `list`, \
-         `reload-policy`"
+        "not a control request ({0}): one JSON object a line, {{\"command\": \"create\", \"name\": N, \
+         \"clone\": false, \"from\": F}}, {{\"command\": \"delete\", \"name\": N}}, \
+         {{\"command\": \"list\"}} or {{\"command\": \"reload-policy\"}}"
     )]
-    Unknown(String),
+    Json(String),
+    /// A name the rule refuses (`ftlab_store::durable::NAME_RULE`), its message.
+    #[error("{0}")]
+    Name(String),
 }
 
-/// One control request, parsed: what `ftlab snapshot` sends and the server executes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One control request, parsed: what `ftlab snapshot` sends and the server executes. On the
+/// socket it is one JSON object a line (`Control::line`): a name holding a newline or a space is
+/// a JSON string, never a second request or a second word.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Control {
     Create {
         name: String,
         clone: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<String>,
     },
     Delete {
@@ -64,13 +70,20 @@ pub enum Control {
 }
 
 impl Control {
-    /// The request as its line on the socket.
+    /// The request as its line on the socket: JSON, without a newline.
     pub fn line(&self) -> String {
+        serde_json::to_string(self).expect("a request serialises")
+    }
+
+    /// The request as a person reads it (logs, `ftlab snapshot`'s output).
+    pub fn describe(&self) -> String {
         match self {
             Control::Create { name, clone, from } => format!(
                 "create {name} {}{}",
                 if *clone { "clone" } else { "snapshot" },
-                from.as_ref().map(|f| format!(" {f}")).unwrap_or_default()
+                from.as_ref()
+                    .map(|f| format!(" from {f}"))
+                    .unwrap_or_default()
             ),
             Control::Delete { name } => format!("delete {name}"),
             Control::List => "list".into(),
@@ -78,24 +91,33 @@ impl Control {
         }
     }
 
-    /// A request line, checked.
-    pub fn parse(line: &str) -> Result<Control, ControlError> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words[..] {
-            ["list"] => Ok(Control::List),
-            ["reload-policy"] => Ok(Control::ReloadPolicy),
-            ["delete", name] => Ok(Control::Delete { name: name.into() }),
-            ["create", name, kind] | ["create", name, kind, _] => Ok(Control::Create {
-                name: name.into(),
-                clone: match kind {
-                    "clone" => true,
-                    "snapshot" => false,
-                    other => return Err(ControlError::Kind(other.to_string())),
-                },
-                from: words.get(3).map(|s| s.to_string()),
-            }),
-            _ => Err(ControlError::Unknown(line.chars().take(80).collect())),
+    /// Checks the names a request carries against the one rule
+    /// (`ftlab_store::durable::check_volume_name`): the client before sending, the server
+    /// before executing.
+    pub fn check(&self) -> Result<(), ControlError> {
+        let check = |name: &str| {
+            ftlab_store::durable::check_volume_name(name)
+                .map_err(|e| ControlError::Name(e.to_string()))
+        };
+        match self {
+            Control::Create { name, from, .. } => {
+                check(name)?;
+                if let Some(f) = from {
+                    check(f)?;
+                }
+            }
+            Control::Delete { name } => check(name)?,
+            Control::List | Control::ReloadPolicy => {}
         }
+        Ok(())
+    }
+
+    /// A request line, parsed and its names checked.
+    pub fn parse(line: &str) -> Result<Control, ControlError> {
+        let c: Control =
+            serde_json::from_str(line).map_err(|e| ControlError::Json(e.to_string()))?;
+        c.check()?;
+        Ok(c)
     }
 }
 
@@ -111,33 +133,64 @@ impl Device {
     ) -> serde_json::Value {
         let device = self;
         let started = Instant::now();
-        if matches!(c, Control::ReloadPolicy) {
-            // The socket is its directory owner's only (mode 0600): who may edit the file.
-            let Some(path) = policy else {
-                return serde_json::json!({"ok": false, "error": "this server has no --policy file"});
-            };
-            return match device.reload_policy(path) {
-                Ok(statements) => serde_json::json!({"ok": true, "statements": statements}),
-                Err(e) => {
-                    serde_json::json!({"ok": false, "error": format!("not reloaded, the old policy stays: {e}")})
-                }
-            };
+        if let Err(e) = c.check() {
+            return serde_json::json!({"ok": false, "error": e.to_string()});
         }
+        // Every request is decided and audited, `list` and `reload-policy` as the rest.
         let (action, name) = match c {
             Control::Create { name, clone, .. } => (
                 if *clone { "clone" } else { "snapshot.create" },
                 name.as_str(),
             ),
             Control::Delete { name } => ("snapshot.delete", name.as_str()),
-            Control::List | Control::ReloadPolicy => ("list", ""),
+            Control::List => ("list", ""),
+            Control::ReloadPolicy => ("policy.reload", ""),
         };
-        if !matches!(c, Control::List)
-            && !device.allows(principal, action, &device.volume_export_name(name))
-        {
-            return serde_json::json!({
-                "ok": false,
-                "error": format!("the access policy does not allow {} to {action} `{name}`", principal.describe()),
-            });
+        let target = match c {
+            Control::Create { .. } | Control::Delete { .. } => device.volume_export_name(name),
+            // What `list` shows is filtered below, one volume at a time.
+            Control::List => String::from("*"),
+            Control::ReloadPolicy => String::from("-"),
+        };
+        let audit = |result: &Result<(), String>| {
+            device.audit(
+                if action == "list" || action == "policy.reload" {
+                    "control"
+                } else {
+                    "volume"
+                },
+                serde_json::json!({
+                    "action": action,
+                    "name": name,
+                    "request": c.describe(),
+                    "principal": principal.describe(),
+                    "ok": result.is_ok(),
+                    "error": result.as_ref().err(),
+                }),
+            );
+        };
+        if !matches!(c, Control::List) && !device.allows(principal, action, &target) {
+            let e = format!(
+                "the access policy does not allow {} to {action} `{}`",
+                principal.describe(),
+                if name.is_empty() { &target } else { name }
+            );
+            return serde_json::json!({"ok": false, "error": e});
+        }
+        if matches!(c, Control::ReloadPolicy) {
+            let Some(path) = policy else {
+                let e = "this server has no --policy file".to_string();
+                audit(&Err(e.clone()));
+                return serde_json::json!({"ok": false, "error": e});
+            };
+            let reloaded = device
+                .reload_policy(path)
+                .map_err(|e| format!("not reloaded, the old policy stays: {e}"));
+            audit(&reloaded.as_ref().map(|_| ()).map_err(Clone::clone));
+            return match reloaded {
+                Ok(statements) => serde_json::json!({"ok": true, "statements": statements}),
+                Err(e) => serde_json::json!({"ok": false, "error": e}),
+            };
         }
         let result = match c {
             Control::Create { name, clone, from } => device
@@ -147,24 +200,30 @@ impl Device {
             Control::List | Control::ReloadPolicy => Ok(()),
         }
         .map_err(|e| e.to_string());
-        if !matches!(c, Control::List) {
-            device.audit(
-                "volume",
-                serde_json::json!({
-                    "action": action,
-                    "name": name,
-                    "request": c.line(),
-                    "principal": principal.describe(),
-                    "ok": result.is_ok(),
-                    "error": result.as_ref().err(),
-                }),
-            );
-        }
+        audit(&result);
+        // The volumes this principal may list (NBD `LIST`'s rule): the device itself by the
+        // first export's name, each snapshot and clone as EXPORT@NAME.
+        let volumes: Vec<_> = device
+            .volumes()
+            .into_iter()
+            .filter(|v| {
+                let export = if v.name.is_empty() {
+                    device
+                        .export_sizes()
+                        .first()
+                        .map(|(n, _)| n.clone())
+                        .unwrap_or_default()
+                } else {
+                    device.volume_export_name(&v.name)
+                };
+                device.allows_quietly(principal, "list", &export)
+            })
+            .collect();
         match result {
             Ok(()) => serde_json::json!({
                 "ok": true,
                 "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
-                "volumes": device.volumes(),
+                "volumes": volumes,
             }),
             Err(e) => serde_json::json!({ "ok": false, "error": e }),
         }
@@ -194,8 +253,23 @@ mod tests {
         ] {
             assert_eq!(Control::parse(&c.line()).unwrap(), c);
         }
-        for junk in ["", "create", "create x maybe", "rm -rf /", "list extra"] {
+        for junk in [
+            "",
+            "create",
+            "list",
+            "{\"command\": \"create\", \"name\": \"x\"}",
+            "{\"command\": \"delete\", \"name\": \"x\", \"extra\": 1}",
+            "{\"command\": \"rm\"}",
+        ] {
             assert!(Control::parse(junk).is_err(), "{junk}");
+        }
+        // A name is one JSON string: a newline in it is not a second request, a space not a
+        // second word; the name rule then refuses it (and `..`) before anything runs.
+        for name in ["zz\nsnapshot\ndelete CON", "a b", "..", ".hidden", ""] {
+            let c = Control::Delete { name: name.into() };
+            assert!(!c.line().contains('\n'));
+            let e = Control::parse(&c.line()).unwrap_err();
+            assert!(matches!(e, ControlError::Name(_)), "{name:?}: {e}");
         }
     }
 }

@@ -45,6 +45,16 @@ pub(crate) fn model_code(op: Op) -> u8 {
     }
 }
 
+/// What a client is told of a failed append: `ENOSPC` for a full disk (it clears when space
+/// returns: the log resumes by itself), EIO for anything else.
+pub(crate) fn log_error(e: &ftlab_store::log::LogError) -> IoError {
+    if e.is_no_space() {
+        IoError::NoSpace
+    } else {
+        IoError::Io
+    }
+}
+
 impl Durable {
     /// The directory, to append to: a read-only device refuses every change before it gets
     /// here.
@@ -52,14 +62,16 @@ impl Durable {
         self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A failed append is the request's EIO: what was not logged is not acknowledged.
+    /// A failed append is the request's error (`ENOSPC` when the disk is full, else EIO): what
+    /// was not logged is not acknowledged.
     pub(crate) fn page(
         data: &mut DataDir,
         volume: u16,
         lpn: u64,
         page: &[u8],
     ) -> Result<(), IoError> {
-        data.write_page(volume, lpn, page).map_err(|_| IoError::Io)
+        data.write_page(volume, lpn, page)
+            .map_err(|e| log_error(&e))
     }
 
     pub(crate) fn trim(
@@ -68,7 +80,7 @@ impl Durable {
         lpn: u64,
         pages: u64,
     ) -> Result<(), IoError> {
-        data.trim(volume, lpn, pages).map_err(|_| IoError::Io)
+        data.trim(volume, lpn, pages).map_err(|e| log_error(&e))
     }
 
     /// Durable before a request is answered: a FLUSH, an FUA write, or with `always` any
@@ -92,7 +104,7 @@ impl Durable {
         if data.read_only() || data.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
             return Ok(());
         }
-        let seq = data.commit().map_err(|_| IoError::Io)?;
+        let seq = data.commit().map_err(|e| log_error(&e))?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced_seq.store(seq, Ordering::Release);
         Ok(())

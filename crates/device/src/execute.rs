@@ -249,7 +249,7 @@ impl Device {
                         reclaim_group: request.placement.reclaim_group,
                         handle: request.placement.handle,
                     })
-                    .map_err(|_| IoError::Io)?;
+                    .map_err(|e| crate::durable::log_error(&e))?;
             }
         }
         drop(state);
@@ -408,7 +408,7 @@ impl Device {
                     let mut data = d.lock();
                     for (lpn, (codec, bytes)) in whole.clone().zip(&packed) {
                         data.write_packed(volume, lpn, ps, *codec, bytes)
-                            .map_err(|_| IoError::Io)?;
+                            .map_err(|e| crate::durable::log_error(&e))?;
                     }
                 }
                 // Then the partial pages at the ends: read, modified and written under the

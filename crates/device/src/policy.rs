@@ -27,7 +27,7 @@ use serde::Deserialize;
 use std::path::Path;
 
 /// What a client may be allowed to do.
-pub const ACTIONS: [&str; 9] = [
+pub const ACTIONS: [&str; 10] = [
     "read",
     "write",
     "trim",
@@ -37,6 +37,7 @@ pub const ACTIONS: [&str; 9] = [
     "snapshot.delete",
     "clone",
     "metrics",
+    "policy.reload",
 ];
 
 /// The actions a connection's commands need, as bits of its negotiated allowance.

@@ -17,7 +17,7 @@ pub enum SnapshotCommand {
     Create {
         /// The directory `ftlab serve --data` keeps.
         dir: PathBuf,
-        /// 1 to 200 of A-Z a-z 0-9 - _ .
+        /// 1 to 200 of A-Z a-z 0-9 - _ . not starting with . (checked before anything is sent).
         name: String,
         /// A writable clone sharing unchanged pages, instead of a snapshot.
         #[arg(long)]
@@ -107,6 +107,8 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
         SnapshotCommand::List { dir } => (dir, Control::List),
         SnapshotCommand::Delete { dir, name } => (dir, Control::Delete { name }),
     };
+    // The name rule, before anything is sent or opened.
+    control.check()?;
     if let Some(reply) = ftlab_device::control::send(&dir, &control)? {
         if reply["ok"] != true {
             anyhow::bail!(
@@ -122,7 +124,7 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
         } else {
             println!(
                 "{} (through the server, {:.2} ms)",
-                control.line(),
+                control.describe(),
                 reply["elapsed_ms"].as_f64().unwrap_or(0.0)
             );
         }
@@ -152,7 +154,7 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
     }
     println!(
         "{} ({:.2} ms; opening the directory took {opened_ms:.0} ms)",
-        control.line(),
+        control.describe(),
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())

@@ -186,6 +186,26 @@ pub enum LogError {
         /// What shows the damage was acknowledged: a commit after it, or a later segment.
         after: String,
     },
+    /// The writer could not cut a failed write back off its segment: it takes nothing more.
+    #[error("{path}: a failed write could not be cut back ({cause}); the log takes no more records until the server restarts")]
+    Broken {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+}
+
+impl LogError {
+    /// The file system is full (or the user's quota, or the file-size limit, is reached): the
+    /// client's `ENOSPC`, not an I/O error.
+    pub fn is_no_space(&self) -> bool {
+        let LogError::Io { cause, .. } = self else {
+            return false;
+        };
+        matches!(
+            cause.raw_os_error(),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
+        ) || cause.kind() == std::io::ErrorKind::StorageFull
+    }
 }
 
 fn checksum(header: &[u8], payload: &[u8]) -> u64 {
@@ -744,10 +764,21 @@ pub struct LogWriter {
     /// Records appended but not yet written to the file: one write(2) for many records. A
     /// commit, a segment's end, `flush` and drop write them.
     pending: Vec<u8>,
+    /// The last write of `pending` failed (a full disk): the file was cut back to its last
+    /// whole record and `pending` kept whole, to be written where it belongs once space returns.
+    /// Until then records are refused (`STALLED_PENDING_BYTES`).
+    stalled: bool,
+    /// The cut after a failed write failed too: nothing more is appended.
+    broken: bool,
 }
 
 /// Pending records are written to the file once they reach this.
 const PENDING_BYTES: usize = 1 << 20;
+
+/// While the disk is full, pages and trims are refused at once, but the small records a read
+/// or a FLUSH adds (the FTL model's request, a commit) are kept in memory up to this much, so
+/// that reads go on being served.
+const STALLED_PENDING_BYTES: usize = 16 << 20;
 
 impl Drop for LogWriter {
     fn drop(&mut self) {
@@ -810,6 +841,8 @@ impl LogWriter {
             next_seq: tail.seq,
             appended_bytes: 0,
             pending: Vec::with_capacity(PENDING_BYTES + MAX_PAYLOAD_BYTES),
+            stalled: false,
+            broken: false,
         })
     }
 
@@ -843,6 +876,19 @@ impl LogWriter {
         pages: u32,
         payload: &[u8],
     ) -> Result<(u64, Loc), LogError> {
+        if self.broken {
+            return Err(self.broken_error());
+        }
+        if self.stalled {
+            // The disk was full at the last write: try again; while it still is, refuse what
+            // only a write can make room for.
+            if let Err(e) = self.flush() {
+                let small = matches!(kind, Kind::Request | Kind::Commit);
+                if !small || self.pending.len() >= STALLED_PENDING_BYTES {
+                    return Err(e);
+                }
+            }
+        }
         if self.bytes >= self.segment_bytes {
             self.roll()?;
         }
@@ -863,8 +909,10 @@ impl LogWriter {
         self.bytes += len;
         self.appended_bytes += len as u64;
         self.next_seq += 1;
-        if self.pending.len() >= PENDING_BYTES {
-            self.flush()?;
+        if self.pending.len() >= PENDING_BYTES && !self.stalled {
+            // The record is appended either way: a failed write leaves it whole in `pending`
+            // and stalls the writer, so that the next append tells the caller.
+            let _ = self.flush();
         }
         Ok((seq, loc))
     }
@@ -875,12 +923,60 @@ impl LogWriter {
     }
 
     /// Writes the pending records to the file (not synced): readers of the file see them.
+    ///
+    /// A write that fails part way (a full disk) leaves part of a record in the file; were the
+    /// next records appended after it, a commit would follow a torn record, which recovery
+    /// must refuse as damage. So the file is cut back to where the pending records start, and
+    /// they stay pending (whole, at the offsets their `Loc`s name) for the next try.
     pub fn flush(&mut self) -> Result<(), LogError> {
-        if !self.pending.is_empty() {
-            self.file.write_all(&self.pending).map_err(|e| self.io(e))?;
-            self.pending.clear();
+        if self.broken {
+            return Err(self.broken_error());
         }
+        if self.pending.is_empty() {
+            self.stalled = false;
+            return Ok(());
+        }
+        let start = (self.bytes - self.pending.len()) as u64;
+        if let Err(cause) = self.file.write_all(&self.pending) {
+            self.stalled = true;
+            use std::io::Seek;
+            let cut = self
+                .file
+                .set_len(start)
+                .and_then(|()| self.file.seek(std::io::SeekFrom::Start(start)).map(drop));
+            if let Err(e) = cut {
+                self.broken = true;
+                return Err(LogError::Broken {
+                    path: segment_path(&self.dir, self.index),
+                    cause: e,
+                });
+            }
+            return Err(self.io(cause));
+        }
+        self.pending.clear();
+        self.stalled = false;
         Ok(())
+    }
+
+    fn broken_error(&self) -> LogError {
+        LogError::Broken {
+            path: segment_path(&self.dir, self.index),
+            cause: std::io::Error::other("an earlier cut failed"),
+        }
+    }
+
+    /// Whether a write of the pending records failed and waits for space.
+    pub fn stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// The bytes of the record at `loc` while it is pending (not in the file yet).
+    pub fn pending_record(&self, loc: Loc) -> Option<&[u8]> {
+        if !self.pending_at(loc) {
+            return None;
+        }
+        let start = loc.offset() - (self.bytes - self.pending.len());
+        self.pending.get(start..start + loc.bytes())
     }
 
     /// Appends a page's bytes, LZ4-compressed when that shrinks them (codec 1), raw otherwise
@@ -952,8 +1048,14 @@ impl LogWriter {
             .write(true)
             .open(&path)
             .map_err(io)?;
-        file.write_all(&segment_header(index)).map_err(io)?;
-        file.sync_all().map_err(io)?;
+        let made = file
+            .write_all(&segment_header(index))
+            .and_then(|()| file.sync_all());
+        if let Err(cause) = made {
+            // A full disk: the empty segment goes, so that the next roll can make it again.
+            let _ = std::fs::remove_file(&path);
+            return Err(io(cause));
+        }
         sync_dir(&self.dir)?;
         self.file = file;
         self.index = index;

@@ -83,7 +83,7 @@ fn answer(device: &Device, policy: Option<&Path>, stream: UnixStream) -> Result<
                     )
                 }
                 (Control::List | Control::ReloadPolicy, _) => {}
-                _ if reply["ok"] == true => eprintln!("ftlab serve: control: {}", c.line()),
+                _ if reply["ok"] == true => eprintln!("ftlab serve: control: {}", c.describe()),
                 _ => {}
             }
             reply

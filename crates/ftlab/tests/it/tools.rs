@@ -1243,6 +1243,105 @@ fn snapshot_actions_obey_the_policy_and_are_audited() {
     }
 }
 
+/// Every control request is decided and audited, `list` and `reload-policy` too: a uid the
+/// policy lets create snapshots but not list them sees no volume, and may not reload the policy;
+/// a name carrying a newline (a second request, on a line protocol) or `..` is refused by the
+/// client before anything is sent, and by the server's parser.
+#[test]
+fn control_requests_are_all_decided_and_names_carry_no_second_request() {
+    let dir = temp_dir("policy-control");
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[statement]]\neffect = \"allow\"\nprincipals = [\"uid:{uid}\"]\n\
+             actions = [\"read\", \"write\", \"snapshot.create\"]\nexports = [\"*\"]\n"
+        ),
+    )
+    .unwrap();
+    let data = dir.join("data");
+    let audit = dir.join("audit.jsonl");
+    let data_arg = data.to_str().unwrap().to_string();
+    let server = Server::start_with(
+        "policy-control",
+        32 << 20,
+        &[
+            "--data",
+            &data_arg,
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            audit.to_str().unwrap(),
+        ],
+    );
+    let ftlab = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, made) = ftlab(&["snapshot", "create", &data_arg, "monday"]);
+    assert!(ok, "{made}");
+    let (ok, listed) = ftlab(&["snapshot", "list", &data_arg]);
+    assert!(ok, "{listed}");
+    assert!(
+        !listed.contains("monday") && !listed.contains("(device)"),
+        "{listed}"
+    );
+    let (ok, reload) = ftlab(&["policy", "reload", &data_arg]);
+    assert!(!ok && reload.contains("access policy"), "{reload}");
+    for name in ["zz\nsnapshot\ndelete monday", "..", "a b"] {
+        let (ok, refused) = ftlab(&["snapshot", "create", &data_arg, name]);
+        assert!(
+            !ok && refused.contains("not starting with ."),
+            "{name:?}: {refused}"
+        );
+    }
+    // Sent raw, a second line is no second request: the first line alone is parsed (and its
+    // name refused), the rest is never read.
+    {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(data.join("control.sock")).unwrap();
+        s.write_all(b"create zz snapshot\n{\"command\":\"delete\",\"name\":\"monday\"}\n")
+            .unwrap();
+        let mut reply = String::new();
+        std::io::BufReader::new(&s).read_line(&mut reply).unwrap();
+        assert!(reply.contains("not a control request"), "{reply}");
+    }
+    drop(server.stop());
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let uid_principal = format!("uid:{uid}");
+    for action in ["list", "policy.reload"] {
+        assert!(
+            events
+                .iter()
+                .any(|e| (e["event"] == "control" || e["event"] == "denied")
+                    && e["action"] == action
+                    && e["principal"].as_str().unwrap().contains(&uid_principal)),
+            "{action}: {events:?}"
+        );
+    }
+    // monday is still there: the smuggled delete never ran.
+    assert!(
+        !events.iter().any(|e| e["action"] == "snapshot.delete"),
+        "{events:?}"
+    );
+}
+
 /// NBD over TLS with real clients (GnuTLS inside qemu and libnbd): qemu-io with
 /// `tls-creds-x509` writes and reads a pattern back, nbdcopy over `nbds+unix://` copies the
 /// export and nbdinfo describes it, all as alice, whose certificate's CN the policy allows; bob,

@@ -72,7 +72,7 @@ pub enum CheckpointDamage {
 /// Why a snapshot or clone was not made or deleted.
 #[derive(Debug, thiserror::Error)]
 pub enum DurableError {
-    #[error("`{0}`: a snapshot name is 1 to 200 of A-Z a-z 0-9 - _ .")]
+    #[error("`{name:?}`: a snapshot or clone name is {rule}", name = .0, rule = super::volumes::NAME_RULE)]
     BadName(String),
     #[error("`{0}` exists already")]
     Exists(String),

@@ -56,7 +56,7 @@ pub use checkpoint::decode_checkpoint_bytes;
 pub use error::{CheckpointDamage, DurableError, ReplayError};
 pub use loc_map::LocMap;
 pub use model_log::{model_op, ModelRequest};
-pub use volumes::{Volume, VolumeInfo, VolumeKind, Volumes};
+pub use volumes::{check_volume_name, Volume, VolumeInfo, VolumeKind, Volumes, NAME_RULE};
 
 /// The host disk's account of a durable device, for `--stats`.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -126,6 +126,8 @@ pub struct Located {
     file: Arc<File>,
     loc: Loc,
     path: PathBuf,
+    /// The record's bytes, when it is still pending because the disk is full: reads go on.
+    pending: Option<Vec<u8>>,
 }
 
 impl Located {
@@ -136,17 +138,23 @@ impl Located {
 
     /// Reads and verifies the record, and decodes its page into `out`.
     pub fn read_page(&self, out: &mut [u8]) -> Result<(), LogError> {
-        let mut bytes = vec![0u8; self.loc.bytes()];
         let bad = |why: &dyn std::fmt::Display| LogError::BadSegment {
             path: self.path.clone(),
             why: format!("the record at byte {}: {why}", self.loc.offset()),
         };
-        self.file
-            .read_exact_at(&mut bytes, self.loc.offset() as u64)
-            .map_err(|cause| LogError::Io {
-                path: self.path.clone(),
-                cause,
-            })?;
+        let bytes = match &self.pending {
+            Some(b) => b.clone(),
+            None => {
+                let mut bytes = vec![0u8; self.loc.bytes()];
+                self.file
+                    .read_exact_at(&mut bytes, self.loc.offset() as u64)
+                    .map_err(|cause| LogError::Io {
+                        path: self.path.clone(),
+                        cause,
+                    })?;
+                bytes
+            }
+        };
         let r = log::decode_any(&bytes).map_err(|why| bad(&why))?;
         let page = r
             .page(out.len())
@@ -207,9 +215,9 @@ pub struct DataDir {
     checkpoint_at: Position,
     files: Arc<SegmentFiles>,
     stats: DiskStats,
-    /// `DIR/lock`, locked (exclusively when writable, shared when read-only) while open:
-    /// two processes never write one directory.
-    _lock: Option<File>,
+    /// The directory itself, locked (exclusively when writable, shared when read-only) while
+    /// open (`lock_dir`): two processes never write one directory.
+    _lock: File,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> LogError + '_ {
@@ -234,8 +242,37 @@ fn damaged(path: &Path, why: impl std::fmt::Display) -> LogError {
     }
 }
 
-/// The file locked while a directory is open.
-pub const LOCK_FILE: &str = "lock";
+/// Locks `dir` itself (its own inode, through a descriptor of the directory): exclusively for a
+/// writer, shared for a reader. A lock file beside the data (as `DIR/lock` was) is undone by an
+/// `rm`, after which a second server opened the log and overwrote the first one's records; a
+/// directory cannot be unlinked while it holds files, and one made anew is another inode with
+/// another log. flock(2) (std's `File::try_lock`) is released when the process dies, so a crash
+/// leaves nothing to clean up.
+fn lock_dir(dir: &Path, read_only: bool) -> Result<File, LogError> {
+    let f = File::open(dir).map_err(io(dir))?;
+    let locked = if read_only {
+        f.try_lock_shared()
+    } else {
+        f.try_lock()
+    };
+    match locked {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(damaged(
+            dir,
+            if read_only {
+                "in use by a writer (a running `serve --data`? snapshots go through its control \
+                 socket; stop it to check or export offline)"
+            } else {
+                "in use by another ftlab (a running `serve --data`? snapshots go through its \
+                 control socket)"
+            },
+        )),
+        Err(std::fs::TryLockError::Error(cause)) => Err(LogError::Io {
+            path: dir.to_path_buf(),
+            cause,
+        }),
+    }
+}
 
 /// The file naming the device a directory was made for.
 pub const DEVICE_FILE: &str = "device";
@@ -284,33 +321,7 @@ impl DataDir {
         if !read_only {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
-        let lock_path = dir.join(LOCK_FILE);
-        let lock = if read_only {
-            File::open(&lock_path).ok()
-        } else {
-            Some(
-                OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&lock_path)
-                    .map_err(io(&lock_path))?,
-            )
-        };
-        if let Some(f) = &lock {
-            let locked = if read_only {
-                f.try_lock_shared()
-            } else {
-                f.try_lock()
-            };
-            if locked.is_err() {
-                return Err(damaged(
-                    dir,
-                    "in use by another ftlab (a running `serve --data`? snapshots go through its \
-                     control socket)",
-                ));
-            }
-        }
+        let lock = lock_dir(dir, read_only)?;
         match device_geometry(dir)? {
             Some(made) if made != (pages, page_bytes) => {
                 return Err(damaged(
@@ -451,6 +462,12 @@ impl DataDir {
         self.writer.is_none()
     }
 
+    /// Whether the log waits for disk space: the last write failed, changes are refused
+    /// (`ENOSPC`) until one succeeds, reads go on.
+    pub fn stalled(&self) -> bool {
+        self.writer.as_ref().is_some_and(LogWriter::stalled)
+    }
+
     /// Appends a page of `volume` (the device: 0).
     pub fn write_page(&mut self, volume: u16, lpn: u64, page: &[u8]) -> Result<(), LogError> {
         let (codec, payload) = log::pack_page(page);
@@ -575,14 +592,19 @@ impl DataDir {
         if loc.is_none() {
             return Ok(None);
         }
-        // The record may still be pending in the writer.
+        // The record may still be pending in the writer; if the disk is too full to write
+        // it, it is read from memory.
+        let mut pending = None;
         if let Some(w) = self.writer.as_mut().filter(|w| w.pending_at(loc)) {
-            w.flush()?;
+            if w.flush().is_err() {
+                pending = w.pending_record(loc).map(<[u8]>::to_vec);
+            }
         }
         Ok(Some(Located {
             file: self.files.file(loc.segment())?,
             loc,
             path: segment_path(&self.dir, loc.segment()),
+            pending,
         }))
     }
 

@@ -303,3 +303,123 @@ fn the_cleaner_frees_space_and_keeps_data() {
     drop(d);
     assert_matches(&mut open(dir.path()).0, &all);
 }
+
+/// The directory itself is locked: removing every file but the log's (the old `lock` file
+/// included) lets no second writer in, and a reader is refused while a writer holds it.
+#[test]
+fn no_file_removed_lets_a_second_writer_or_a_reader_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut first, _) = open(dir.path());
+    first.write_page(0, 0, &page(1)).unwrap();
+    first.commit().unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if !path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("seg-")
+        {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    let e = DataDir::open(dir.path(), &options())
+        .err()
+        .expect("a second writer");
+    assert!(e.to_string().contains("in use by another ftlab"), "{e}");
+    let reader = DirOptions {
+        read_only: true,
+        ..options()
+    };
+    let e = DataDir::open(dir.path(), &reader)
+        .err()
+        .expect("a reader beside a writer");
+    assert!(e.to_string().contains("in use by a writer"), "{e}");
+    drop(first);
+    let (mut again, _) = open(dir.path());
+    assert_eq!(read(&mut again, 0, 0), page(1));
+}
+
+/// A full disk (here the file-size limit, `ulimit -f`, which fails a write part way as ENOSPC
+/// does): the write that fails is cut back to the last whole record, later changes and FLUSH are
+/// refused as no space, every page accepted still reads back, and once space returns writing
+/// resumes and a reopen finds every page (a torn record followed by a commit made the directory
+/// refuse to open).
+#[test]
+fn a_full_disk_refuses_changes_keeps_reads_and_resumes_when_space_returns() {
+    if std::env::var_os("NEXTEST").is_none() {
+        // The limit is the process's: only a process of its own (nextest's) may set it.
+        eprintln!("SKIPPED: sets RLIMIT_FSIZE; run under cargo nextest");
+        return;
+    }
+    // SAFETY: ignoring SIGXFSZ runs no code; setrlimit(2) only changes this process's limit.
+    let set_limit = |bytes: u64| unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let limit = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let opts = DirOptions {
+        segment_bytes: 1 << 20,
+        ..DirOptions::new(PAGES, PAGE)
+    };
+    let (mut d, _) = DataDir::open(dir.path(), &opts).unwrap();
+    let noise = |tag: u64| -> Vec<u8> {
+        // Incompressible: each record about a page long.
+        let mut x = tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..PAGE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let segment = log::segment_path(dir.path(), 0);
+    set_limit(std::fs::metadata(&segment).unwrap().len() + 10 * PAGE as u64 + 100);
+    let mut written: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut full = None;
+    for tag in 0..400 {
+        let lpn = tag % PAGES;
+        let p = noise(tag);
+        match d.write_page(0, lpn, &p) {
+            Ok(()) => {
+                written.insert(lpn, p);
+            }
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+        if tag % 4 == 3 {
+            if let Err(e) = d.commit() {
+                assert!(e.is_no_space(), "{e}");
+            }
+        }
+    }
+    let full = full.expect("the disk never filled: a failed write went unnoticed");
+    assert!(full.is_no_space(), "{full}");
+    assert!(d.stalled());
+    assert!(d.commit().unwrap_err().is_no_space());
+    for (lpn, p) in &written {
+        assert_eq!(
+            read(&mut d, 0, *lpn),
+            *p,
+            "page {lpn} while the disk is full"
+        );
+    }
+    set_limit(libc::RLIM_INFINITY);
+    d.write_page(0, 1, &noise(1000)).unwrap();
+    written.insert(1, noise(1000));
+    d.commit().unwrap();
+    assert!(!d.stalled());
+    drop(d);
+    let (mut again, _) = DataDir::open(dir.path(), &opts).unwrap();
+    for (lpn, p) in &written {
+        assert_eq!(read(&mut again, 0, *lpn), *p, "page {lpn} after the reopen");
+    }
+}

@@ -219,14 +219,7 @@ impl DataDir {
         name: &str,
         kind: VolumeKind,
     ) -> Result<u16, DurableError> {
-        if name.is_empty()
-            || name.len() > 200
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(DurableError::BadName(name.to_string()));
-        }
+        check_volume_name(name)?;
         if self.volumes.by_name(name).is_some() {
             return Err(DurableError::Exists(name.to_string()));
         }
@@ -302,3 +295,23 @@ impl DataDir {
         Ok(())
     }
 }
+
+/// The one rule for a snapshot's or clone's name, stated in `NAME_RULE`: checked by the
+/// client before a request is sent, by the server before it runs, and here before a volume is
+/// made.
+pub fn check_volume_name(name: &str) -> Result<(), DurableError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(DurableError::BadName(name.to_string()))
+    }
+}
+
+/// What `check_volume_name` accepts, for messages and help.
+pub const NAME_RULE: &str = "1 to 200 of A-Z a-z 0-9 - _ . not starting with .";
