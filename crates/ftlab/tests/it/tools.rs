@@ -1146,6 +1146,37 @@ fn a_policy_decides_what_real_clients_may_do_and_reloads_on_sighup() {
         .contains("policy.toml:2:"));
 }
 
+/// A durable server on `data` under `policy`, auditing into `audit`.
+fn durable_server_with_policy(name: &str, data: &Path, policy: &Path, audit: &Path) -> Server {
+    Server::start_with(
+        name,
+        32 << 20,
+        &[
+            "--data",
+            data.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            audit.to_str().unwrap(),
+        ],
+    )
+}
+
+/// `support::ftlab` with stdout and stderr together: whether it succeeded, and what it said.
+fn ftlab_merged(args: &[&str]) -> (bool, String) {
+    let (ok, out, err) = crate::support::ftlab(args);
+    (ok, out + &err)
+}
+
+/// The audit log's events, a JSON object a line.
+fn audit_events(audit: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Snapshot actions through a durable server's control socket obey the policy and are audited:
 /// a snapshot this uid may create is made; deleting it and cloning, which the policy denies,
 /// are refused naming the policy, and the device keeps the snapshot; `ftlab policy reload`
@@ -1168,32 +1199,8 @@ fn snapshot_actions_obey_the_policy_and_are_audited() {
     let data = dir.join("data");
     let audit = dir.join("audit.jsonl");
     let data_arg = data.to_str().unwrap().to_string();
-    let server = Server::start_with(
-        "policy-volumes",
-        32 << 20,
-        &[
-            "--data",
-            &data_arg,
-            "--policy",
-            policy.to_str().unwrap(),
-            "--audit",
-            audit.to_str().unwrap(),
-        ],
-    );
-    let ftlab = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let server = durable_server_with_policy("policy-volumes", &data, &policy, &audit);
+    let ftlab = ftlab_merged;
     let (ok, made) = ftlab(&["snapshot", "create", &data_arg, "monday"]);
     assert!(ok && made.contains("through the server"), "{made}");
     let (ok, deleted) = ftlab(&["snapshot", "delete", &data_arg, "monday"]);
@@ -1224,11 +1231,7 @@ fn snapshot_actions_obey_the_policy_and_are_audited() {
     let (ok, deleted) = ftlab(&["snapshot", "delete", &data_arg, "monday"]);
     assert!(ok, "{deleted}");
     drop(server.stop());
-    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = audit_events(&audit);
     assert!(events.iter().any(|e| e["event"] == "volume"
         && e["action"] == "snapshot.create"
         && e["name"] == "monday"
@@ -1264,32 +1267,8 @@ fn control_requests_are_all_decided_and_names_carry_no_second_request() {
     let data = dir.join("data");
     let audit = dir.join("audit.jsonl");
     let data_arg = data.to_str().unwrap().to_string();
-    let server = Server::start_with(
-        "policy-control",
-        32 << 20,
-        &[
-            "--data",
-            &data_arg,
-            "--policy",
-            policy.to_str().unwrap(),
-            "--audit",
-            audit.to_str().unwrap(),
-        ],
-    );
-    let ftlab = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_ftlab"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let server = durable_server_with_policy("policy-control", &data, &policy, &audit);
+    let ftlab = ftlab_merged;
     let (ok, made) = ftlab(&["snapshot", "create", &data_arg, "monday"]);
     assert!(ok, "{made}");
     let (ok, listed) = ftlab(&["snapshot", "list", &data_arg]);
@@ -1319,11 +1298,7 @@ fn control_requests_are_all_decided_and_names_carry_no_second_request() {
         assert!(reply.contains("not a control request"), "{reply}");
     }
     drop(server.stop());
-    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = audit_events(&audit);
     let uid_principal = format!("uid:{uid}");
     for action in ["list", "policy.reload"] {
         assert!(
@@ -1463,11 +1438,7 @@ fn tls_clients_are_known_by_their_certificates() {
     assert!(!plain.status.success());
     drop(server);
 
-    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = audit_events(&audit);
     let of = |kind: &'static str| events.iter().filter(move |e| e["event"] == kind);
     let sessions: Vec<_> = of("tls").collect();
     assert!(
