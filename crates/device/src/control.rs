@@ -17,8 +17,21 @@ pub fn control_path(dir: &Path) -> PathBuf {
 pub fn send(dir: &Path, c: &Control) -> std::io::Result<Option<serde_json::Value>> {
     use std::io::{BufRead, Write};
     let path = control_path(dir);
-    let Ok(mut s) = std::os::unix::net::UnixStream::connect(&path) else {
-        return Ok(None);
+    let mut s = match std::os::unix::net::UnixStream::connect(&path) {
+        Ok(s) => s,
+        // The server's socket is its owner's only (mode 0600): saying "in use by another
+        // ftlab" after the offline open fails would hide that this user may not ask it.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: permission denied: a server runs on this directory and its control \
+                     socket is its owner's only; run this as that user",
+                    path.display()
+                ),
+            ))
+        }
+        Err(_) => return Ok(None),
     };
     s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
     writeln!(s, "{}", c.line())?;

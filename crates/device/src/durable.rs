@@ -10,8 +10,8 @@ use crate::{
 use ftlab_core::request::{Op, Request as FtlRequest};
 use ftlab_store::durable::{DataDir, DirOptions, VolumeKind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The device directory of a durable device (`ftlab_store::durable`), and what recovery found
 /// at start.
@@ -29,6 +29,13 @@ pub(crate) struct Durable {
     pub(crate) checkpoint_seq: u64,
     pub(crate) dropped_bytes: u64,
     pub(crate) dropped_why: Option<String>,
+    /// Why the model's archive was not whole at start (`Opened::model_damage`): the model was
+    /// rebuilt from what survived, and its report is not an uninterrupted run's.
+    pub(crate) model_damage: Option<String>,
+    /// Reads answered EIO because a page's record does not verify, and the pages told in the
+    /// log so far (each once; at most `DAMAGED_TOLD` of them, then only counted).
+    pub(crate) damaged_reads: AtomicU64,
+    pub(crate) damaged_told: Mutex<Vec<(u16, u64)>>,
     /// Decompressed pages of snapshots and clones (read from the log).
     pub(crate) cache: Mutex<ftlab_store::cache::PageCache>,
 }
@@ -55,7 +62,43 @@ pub(crate) fn log_error(e: &ftlab_store::log::LogError) -> IoError {
     }
 }
 
+/// Damaged pages named in the log at most: a disk gone bad must not flood it.
+const DAMAGED_TOLD: usize = 64;
+
 impl Durable {
+    /// A read of `volume`'s page `lpn` failed on its record (`why`): counted for `--stats`
+    /// and the metrics, and named once in the log, with what to do.
+    pub(crate) fn damaged_read(&self, volume: u16, lpn: u64, why: &ftlab_store::log::LogError) {
+        self.damaged_reads.fetch_add(1, Ordering::Relaxed);
+        let mut told = self.damaged_told.lock().unwrap_or_else(|p| p.into_inner());
+        if told.len() >= DAMAGED_TOLD || told.contains(&(volume, lpn)) {
+            return;
+        }
+        told.push((volume, lpn));
+        let of = if volume == 0 {
+            "the device".to_string()
+        } else {
+            let name = self
+                .lock()
+                .volumes()
+                .into_iter()
+                .find(|v| v.id == volume)
+                .map_or_else(|| format!("volume {volume}"), |v| format!("`{}`", v.name));
+            name
+        };
+        eprintln!(
+            "ftlab: page {lpn} of {of} cannot be read ({why}): answered EIO{}; stop the server \
+             and run `ftlab check --repair {}` to zero it, or `ftlab image export \
+             --skip-damaged` to salvage the rest",
+            if told.len() == DAMAGED_TOLD {
+                " (further damaged pages are only counted: `durable.damaged_reads`)"
+            } else {
+                ""
+            },
+            self.dir.display()
+        );
+    }
+
     /// The directory, to append to: a read-only device refuses every change before it gets
     /// here.
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, DataDir> {
@@ -108,6 +151,80 @@ impl Durable {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced_seq.store(seq, Ordering::Release);
         Ok(())
+    }
+}
+
+impl Durable {
+    /// `Device::maintain`'s work.
+    pub(crate) fn maintain(&self) -> Option<Result<String, String>> {
+        if self.lock().since_checkpoint_bytes() < self.checkpoint_every_bytes {
+            return None;
+        }
+        let started = Instant::now();
+        let mut data = self.lock();
+        let result = data.checkpoint().and_then(|()| data.clean(0.5));
+        // Everything before the checkpoint is durable now.
+        let seq = data.last_seq();
+        self.synced_seq.fetch_max(seq, Ordering::AcqRel);
+        Some(match result {
+            Ok(cleaned) => Ok(format!(
+                "{}: checkpoint at record {seq}, {cleaned} segment(s) cleaned, in {:.0} ms",
+                self.dir.display(),
+                started.elapsed().as_secs_f64() * 1e3
+            )),
+            Err(e) => Err(format!("{}: checkpoint failed: {e}", self.dir.display())),
+        })
+    }
+}
+
+/// The thread that runs a durable device's checkpoints and cleaner (`Maintenance::Background`),
+/// stopped and joined when the device is dropped.
+pub(crate) struct Maintainer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Maintainer {
+    pub(crate) fn spawn(durable: Arc<Durable>, log_done: bool) -> std::io::Result<Maintainer> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("ftlab-maintain".into())
+            .spawn(move || {
+                let (flag, wake) = &*stopping;
+                let mut stopped = flag.lock().unwrap_or_else(|p| p.into_inner());
+                while !*stopped {
+                    stopped = wake
+                        .wait_timeout(stopped, Duration::from_millis(200))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    if *stopped {
+                        break;
+                    }
+                    drop(stopped);
+                    match durable.maintain() {
+                        Some(Ok(line)) if log_done => eprintln!("ftlab: {line}"),
+                        Some(Err(line)) => eprintln!("ftlab: {line}"),
+                        _ => {}
+                    }
+                    stopped = flag.lock().unwrap_or_else(|p| p.into_inner());
+                }
+            })?;
+        Ok(Maintainer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Maintainer {
+    fn drop(&mut self) {
+        let (flag, wake) = &*self.stop;
+        *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -189,6 +306,9 @@ impl Device {
                 checkpoint_seq: opened.checkpoint_seq,
                 dropped_bytes: opened.dropped_bytes,
                 dropped_why: opened.dropped_why,
+                model_damage: opened.model_damage,
+                damaged_reads: AtomicU64::new(0),
+                damaged_told: Mutex::default(),
                 cache: Mutex::new(ftlab_store::cache::PageCache::new(
                     options.cache_policy,
                     (options.cache_bytes / page_bytes as u64) as usize,
@@ -199,53 +319,41 @@ impl Device {
     }
 
     /// With a writable durable device: a checkpoint when `checkpoint_every_bytes` were logged
-    /// since the last, then the cleaner (segments at most half live). Call from a thread of its
-    /// own: it holds the directory's lock while it works. Returns a line for the log when it
-    /// did something, or an error line.
-    pub fn maintain(&self) -> Option<String> {
-        let d = self.durable.as_ref().filter(|_| !self.options.read_only)?;
-        if d.lock().since_checkpoint_bytes() < d.checkpoint_every_bytes {
-            return None;
-        }
-        let started = Instant::now();
-        let mut data = d.lock();
-        let result = data.checkpoint().and_then(|()| data.clean(0.5));
-        // Everything before the checkpoint is durable now.
-        let seq = data.last_seq();
-        d.synced_seq.fetch_max(seq, Ordering::AcqRel);
-        Some(match result {
-            Ok(cleaned) => format!(
-                "{}: checkpoint at record {seq}, {cleaned} segment(s) cleaned, in {:.0} ms",
-                d.dir.display(),
-                started.elapsed().as_secs_f64() * 1e3
-            ),
-            Err(e) => format!("{}: checkpoint failed: {e}", d.dir.display()),
-        })
+    /// since the last, then the cleaner (segments at most half live). The device's own thread
+    /// calls it (`Maintenance::Background`); it holds the directory's lock while it works.
+    /// Returns a line for the log when it did something: `Ok` what it did, `Err` what failed.
+    pub fn maintain(&self) -> Option<Result<String, String>> {
+        self.durable
+            .as_ref()
+            .filter(|_| !self.options.read_only)?
+            .maintain()
     }
 
-    /// What recovery found, for the log at start: records replayed, and bytes dropped from a
-    /// torn tail (none of them acknowledged by a FLUSH) with the reason.
+    /// What recovery found, for the log at start: records replayed, bytes dropped from a
+    /// torn tail with the reason, and a damaged model archive.
     pub fn recovery_summary(&self) -> Option<String> {
         let d = self.durable.as_ref()?;
-        Some(match &d.dropped_why {
-            Some(why) => format!(
-                "{}: replayed {} log records after the checkpoint (sequence {}) and {} model \
-                 requests; dropped a {}-byte tail no FLUSH had acknowledged ({why})",
-                d.dir.display(),
-                d.recovered_records,
-                d.checkpoint_seq,
-                d.replayed_requests,
+        let mut line = format!(
+            "{}: replayed {} log records after the checkpoint (sequence {}) and {} model requests",
+            d.dir.display(),
+            d.recovered_records,
+            d.checkpoint_seq,
+            d.replayed_requests
+        );
+        if let Some(why) = &d.dropped_why {
+            line += &format!(
+                "; dropped a {}-byte torn tail after the last whole commit ({why})",
                 d.dropped_bytes
-            ),
-            None => format!(
-                "{}: replayed {} log records after the checkpoint (sequence {}) and {} model \
-                 requests",
-                d.dir.display(),
-                d.recovered_records,
-                d.checkpoint_seq,
-                d.replayed_requests
-            ),
-        })
+            );
+        }
+        if let Some(why) = &d.model_damage {
+            line += &format!(
+                "; WARNING: the FTL model's archive is damaged ({why}): the model was rebuilt \
+                 from the requests that verify, so its report differs from an uninterrupted \
+                 run's; every page of data is served as written"
+            );
+        }
+        Some(line)
     }
 
     /// Makes a snapshot (read-only) or clone (writable) of the device or of snapshot or
@@ -268,13 +376,52 @@ impl Device {
         Ok(id)
     }
 
-    /// Deletes a snapshot or clone; the cleaner frees the records only it held.
+    /// Deletes a snapshot or clone; the cleaner frees the records only it held. One a
+    /// connection serves (`use_target`) is refused: its later requests would fail, and its id,
+    /// once free, may be another volume's.
     pub fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
         let d = self.writable_durable()?;
+        // The users' lock first, then the directory's (as `use_target`).
+        let users = self.volume_users.lock().unwrap_or_else(|p| p.into_inner());
+        let id = d.lock().volume_named(name).map(|(id, _)| id);
+        if let Some(&connections) = id.and_then(|id| users.get(&id)).filter(|&&n| n > 0) {
+            return Err(VolumeError::InUse {
+                name: name.to_string(),
+                connections,
+            });
+        }
         d.lock().delete_volume(name)?;
+        drop(users);
         d.synced_seq
             .fetch_max(d.lock().last_seq(), Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Marks `target`'s snapshot or clone in use while the guard lives (a connection serving
+    /// it): it is not deleted meanwhile. None when it no longer exists.
+    pub fn use_target(&self, target: crate::Target) -> Option<VolumeUse<'_>> {
+        if target.volume == ftlab_store::durable::DEVICE_VOLUME {
+            return Some(VolumeUse {
+                device: self,
+                volume: None,
+            });
+        }
+        let mut users = self.volume_users.lock().unwrap_or_else(|p| p.into_inner());
+        let exists = self
+            .durable
+            .as_ref()?
+            .lock()
+            .volumes()
+            .iter()
+            .any(|v| v.id == target.volume);
+        if !exists {
+            return None;
+        }
+        *users.entry(target.volume).or_default() += 1;
+        Some(VolumeUse {
+            device: self,
+            volume: Some(target.volume),
+        })
     }
 
     /// The device's snapshots and clones (and the device itself, first).
@@ -290,6 +437,30 @@ impl Device {
             None => Err(VolumeError::NotDurable),
             Some(_) if self.options.read_only => Err(VolumeError::ReadOnly),
             Some(d) => Ok(d),
+        }
+    }
+}
+
+/// A snapshot or clone in use by a connection (`Device::use_target`), until dropped.
+pub struct VolumeUse<'a> {
+    device: &'a Device,
+    volume: Option<u16>,
+}
+
+impl Drop for VolumeUse<'_> {
+    fn drop(&mut self) {
+        if let Some(v) = self.volume {
+            let mut users = self
+                .device
+                .volume_users
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = users.get_mut(&v) {
+                *n -= 1;
+                if *n == 0 {
+                    users.remove(&v);
+                }
+            }
         }
     }
 }

@@ -130,6 +130,11 @@ pub enum VolumeError {
     NotDurable,
     #[error("the device is read-only")]
     ReadOnly,
+    #[error(
+        "`{name}` is in use by {connections} connection(s): disconnect them first (deleting it \
+         under them would fail their later requests)"
+    )]
+    InUse { name: String, connections: u32 },
     #[error(transparent)]
     Durable(#[from] ftlab_store::durable::DurableError),
 }

@@ -327,7 +327,12 @@ impl Device {
         lpn: u64,
         out: &mut [u8],
     ) -> Result<(), IoError> {
-        let located = d.lock().locate(volume, lpn).map_err(|_| IoError::Io)?;
+        // Not in the `map_err`: the directory's lock is released first (`damaged_read` takes it).
+        let located = d.lock().locate(volume, lpn);
+        let located = located.map_err(|e| {
+            d.damaged_read(volume, lpn, &e);
+            IoError::Io
+        })?;
         let Some(located) = located else {
             out.fill(0);
             return Ok(());
@@ -337,7 +342,10 @@ impl Device {
             out.copy_from_slice(page);
             return Ok(());
         }
-        located.read_page(out).map_err(|_| IoError::Io)?;
+        located.read_page(out).map_err(|e| {
+            d.damaged_read(volume, lpn, &e);
+            IoError::Io
+        })?;
         d.cache
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -30,11 +30,12 @@ pub use ftlab_core::request::Placement;
 pub use ftlab_sim::placement::PlacementRanges;
 pub use ftlab_sim::trace::RecordFormat;
 pub use options::{
-    DeviceOptions, Durability, ExportSpec, Latency, BATCH_PAGES, DEFAULT_MAX_INFLIGHT_BYTES,
-    MAX_REQUEST_BYTES,
+    default_checkpoint_every_bytes, DeviceOptions, Durability, ExportSpec, Latency, Maintenance,
+    BATCH_PAGES, DEFAULT_MAX_INFLIGHT_BYTES, MAX_REQUEST_BYTES,
 };
 
 use durable::Durable;
+pub use durable::VolumeUse;
 use exports::Export;
 use ftlab_core::config::Config;
 use ftlab_core::request::{Op, Request as FtlRequest};
@@ -87,6 +88,9 @@ impl State {
 /// serialised by their own lock) and the FTL model behind the device lock, applied in the order
 /// requests reach it.
 pub struct Device {
+    /// With a writable durable device (`Maintenance::Background`): the thread that checkpoints
+    /// and cleans; first, so it is stopped first when the device is dropped.
+    _maintainer: Option<durable::Maintainer>,
     state: Mutex<State>,
     /// Serialises read-modify-writes of partial pages.
     rmw: Mutex<()>,
@@ -123,7 +127,9 @@ pub struct Device {
     config: Config,
     exports: Vec<Export>,
     /// With `data`: the device directory.
-    durable: Option<Durable>,
+    durable: Option<std::sync::Arc<Durable>>,
+    /// Connections serving each snapshot or clone (`use_target`): one in use is not deleted.
+    volume_users: Mutex<std::collections::HashMap<u16, u32>>,
     /// The model's clock at start: where the recovered requests left it (0 without `data`).
     clock_base_ns: u64,
     /// Memory of requests in flight, over all connections.
@@ -188,14 +194,27 @@ impl Device {
         let (durable, clock_base_ns) = match &options.data {
             Some(dir) => {
                 let (d, clock) = Self::recover(dir, &mut state, &geometry, &options)?;
-                (Some(d), clock)
+                (Some(std::sync::Arc::new(d)), clock)
             }
             None => (None, 0),
+        };
+        let maintainer = match (&durable, options.maintenance) {
+            (Some(d), Maintenance::Background { log_done }) if !options.read_only => Some(
+                durable::Maintainer::spawn(d.clone(), log_done).map_err(|cause| {
+                    DeviceError::File {
+                        path: d.dir.clone(),
+                        cause,
+                    }
+                })?,
+            ),
+            _ => None,
         };
         // After the replay: the record file holds what this run's clients send.
         state.record = record;
         Ok(Device {
+            _maintainer: maintainer,
             durable,
+            volume_users: Mutex::default(),
             clock_base_ns,
             rmw: Mutex::new(()),
             volume_rmw: Mutex::new(()),
@@ -320,7 +339,11 @@ impl Device {
                     handle: 0,
                 })
                 .map_err(failed)?;
-                data.checkpoint().map_err(failed)?;
+                // The cleaner too: a user who opens and closes the device often (the SQLite
+                // VFS) may never log enough between for the background checkpoint.
+                data.checkpoint()
+                    .and_then(|()| data.clean(0.5))
+                    .map_err(failed)?;
             }
         }
         let s = &mut *s;

@@ -71,9 +71,34 @@ pub struct DeviceOptions {
     /// With `data`: a checkpoint once this many bytes were logged since the last (and at a
     /// clean shutdown); the cleaner runs after each.
     pub checkpoint_every_bytes: u64,
+    /// With `data`, writable: who runs the checkpoints and the cleaner.
+    pub maintenance: Maintenance,
     /// With `data`: the cache of decompressed pages in front of snapshot and clone reads.
     pub cache_bytes: u64,
     pub cache_policy: ftlab_store::cache::CachePolicy,
+}
+
+/// Who keeps a writable durable device's directory bounded: checkpoints and the cleaner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Maintenance {
+    /// A thread of the device's own looks every 200 ms (`Device::maintain`): every user of a
+    /// durable device, the server, the SQLite VFS or the library, gets them without asking. It
+    /// prints what it did (`log_done`) and always what failed, to stderr, prefixed `ftlab: `.
+    Background { log_done: bool },
+    /// Only when the owner calls `Device::maintain` (tests that count checkpoints).
+    Manual,
+}
+
+impl Default for Maintenance {
+    fn default() -> Self {
+        Maintenance::Background { log_done: false }
+    }
+}
+
+/// A checkpoint once a quarter of the device's size was logged, within [16 MiB, 256 MiB]: a
+/// small device's log stays near its size, a large one's checkpoints stay infrequent.
+pub fn default_checkpoint_every_bytes(device_bytes: u64) -> u64 {
+    (device_bytes / 4).clamp(16 << 20, 256 << 20)
 }
 
 /// When the device log is made durable (`fdatasync`), with `data`.

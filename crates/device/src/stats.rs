@@ -32,9 +32,9 @@ impl Device {
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
             "durable": self.durable.as_ref().map(|d| {
-                let (records, disk, volumes) = {
+                let (records, disk, volumes, stalled) = {
                     let mut data = d.lock();
-                    (data.last_seq(), data.disk_stats(), data.volumes())
+                    (data.last_seq(), data.disk_stats(), data.volumes(), data.stalled())
                 };
                 serde_json::json!({
                     "dir": d.dir.display().to_string(),
@@ -46,6 +46,13 @@ impl Device {
                     "recovered_requests": d.replayed_requests,
                     "recovery_checkpoint_seq": d.checkpoint_seq,
                     "recovery_dropped_bytes": d.dropped_bytes,
+                    "model_damage": d.model_damage,
+                    "damaged_reads": d.damaged_reads.load(Ordering::Relaxed),
+                    "damaged_pages": d.damaged_told.lock().unwrap_or_else(|p| p.into_inner())
+                        .iter().map(|&(volume, lpn)| serde_json::json!({
+                            "volume": volume, "lpn": lpn,
+                        })).collect::<Vec<_>>(),
+                    "stalled": stalled,
                     "disk": disk,
                     "volumes": volumes,
                     "cache": d.cache.lock().unwrap_or_else(|p| p.into_inner()).stats(),

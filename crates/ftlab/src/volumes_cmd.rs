@@ -42,6 +42,10 @@ pub enum ImageCommand {
         source: String,
         /// The raw image to write (replaced atomically: written beside, then renamed).
         file: PathBuf,
+        /// Write a page whose record does not verify as zeros (each is listed) instead of
+        /// stopping at it: to salvage the rest of a damaged device.
+        #[arg(long)]
+        skip_damaged: bool,
     },
     /// Make a durable device directory from a raw image: its non-zero pages written to the
     /// device through the FTL model's log (the model replays them at the first serve).
@@ -162,22 +166,39 @@ pub fn run_snapshot(cmd: SnapshotCommand) -> Result<()> {
 
 pub fn run_image(cmd: ImageCommand) -> Result<()> {
     match cmd {
-        ImageCommand::Export { source, file } => export(&source, &file),
+        ImageCommand::Export {
+            source,
+            file,
+            skip_damaged,
+        } => export(&source, &file, skip_damaged),
         ImageCommand::Import { config, file, dir } => import(&config, &file, &dir),
     }
 }
 
-fn export(source: &str, file: &Path) -> Result<()> {
+fn export(source: &str, file: &Path, skip_damaged: bool) -> Result<()> {
     let (dir, volume) = match source.rsplit_once('@') {
         Some((d, v)) => (Path::new(d), Some(v)),
         None => (Path::new(source), None),
     };
-    let e = offline::export_image(dir, volume, file)?;
+    let e = offline::export_image(dir, volume, file, skip_damaged).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n(`--skip-damaged` writes zeros for a page that does not verify and goes on; \
+             `ftlab check --repair` zeroes it in the directory)"
+        )
+    })?;
+    for d in &e.skipped {
+        println!("skipped, written as zeros: {d}");
+    }
     println!(
-        "{}: {} bytes, {} pages written from {source}",
+        "{}: {} bytes, {} pages written from {source}{}",
         file.display(),
         e.image_bytes,
-        e.pages_written
+        e.pages_written,
+        if e.skipped.is_empty() {
+            String::new()
+        } else {
+            format!("; {} damaged page(s) written as zeros", e.skipped.len())
+        }
     );
     Ok(())
 }
@@ -235,11 +256,44 @@ pub fn run_check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
             .join(", "),
         checked.verified_pages,
     );
+    for d in &checked.zeroed_pages {
+        println!("repaired: zeroed {d}");
+    }
+    for d in &checked.damaged_pages {
+        println!("damaged: {d}");
+    }
     if let Some(why) = &opened.dropped_why {
         println!(
-            "a {}-byte tail no FLUSH acknowledged will be dropped at the next start ({why})",
+            "the log ends in a {}-byte torn tail after its last whole commit; the next start \
+             drops it ({why})",
             opened.dropped_bytes
         );
+    }
+    match &checked.model_damage {
+        Some((why, true)) => println!(
+            "repaired: the FTL model's archive was damaged ({why}); it was written anew from the \
+             requests that verify (the model's report differs from an uninterrupted run's; the \
+             data does not)"
+        ),
+        Some((why, false)) => {
+            println!(
+                "the FTL model's archive is damaged ({why}): every page is served all the same; \
+                 the next start (or `ftlab check --repair`) rebuilds the model from the requests \
+                 that verify"
+            );
+        }
+        None => {}
+    }
+    let model_damaged = matches!(checked.model_damage, Some((_, false)));
+    if !checked.damaged_pages.is_empty() {
+        println!(
+            "{} page(s) do not verify: their reads are answered EIO; `ftlab check --repair` \
+             zeroes them, `ftlab image export --skip-damaged` salvages the rest",
+            checked.damaged_pages.len()
+        );
+    }
+    if model_damaged || !checked.damaged_pages.is_empty() {
+        std::process::exit(1);
     }
     Ok(())
 }

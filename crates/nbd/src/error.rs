@@ -48,6 +48,9 @@ pub enum ConnectionError {
     /// The thread that writes delayed replies (latency emulation) stopped or panicked.
     #[error("reply writer {0}")]
     ReplyWriter(&'static str),
+    /// The snapshot or clone negotiated was deleted before transmission began.
+    #[error("the snapshot or clone negotiated was deleted before transmission began")]
+    VolumeGone,
 }
 
 pub(crate) fn read_exact<R: Read>(

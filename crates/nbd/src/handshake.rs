@@ -42,9 +42,18 @@ pub(crate) fn handshake<R: Incoming, W: Write>(
         structured: false,
         allocation: false,
     };
+    let mut options_read = 0u32;
     loop {
         let mut header = [0u8; 16];
-        read_exact(h.r, &mut header, "option header")?;
+        // "No option header" would mislead once options came: the deadline ended a handshake
+        // that went on too long, not one that never began.
+        let what = if options_read == 0 {
+            "option header"
+        } else {
+            "further option header (the handshake went on past its deadline)"
+        };
+        read_exact(h.r, &mut header, what)?;
+        options_read += 1;
         let header = p::parse_option_header(&header)?;
         if header.length > p::MAX_OPTION_BYTES {
             return Err(ConnectionError::OptionTooLong {

@@ -151,6 +151,10 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
         return Ok(());
     };
     let principal = &principal;
+    // The snapshot or clone served is not deleted while this connection lasts.
+    let Some(_in_use) = device.use_target(negotiated.export) else {
+        return Err(ConnectionError::VolumeGone);
+    };
     // Transmission: no deadline, and reads wait for ever or for the idle timeout (set once
     // here: a system call per read would cost the hot path).
     r.get_mut().deadline = None;

@@ -158,6 +158,98 @@ pub fn exposition(stats: &Value, latency: &OpHistograms, counts: Counts) -> Stri
             count as f64,
         );
     }
+    // A durable device keeps its pages in its directory's log, not in the page store: its
+    // figures are the disk's, the cache's and the damage found.
+    if stats.get("durable").is_some_and(|d| !d.is_null()) {
+        for (key, name, kind, help) in [
+            (
+                "disk.disk_bytes",
+                "disk_bytes",
+                "gauge",
+                "Bytes of the device directory's files.",
+            ),
+            (
+                "disk.live_bytes",
+                "live_bytes",
+                "gauge",
+                "Bytes of log records some volume maps.",
+            ),
+            ("disk.segments", "segments", "gauge", "Log segment files."),
+            (
+                "disk.client_bytes",
+                "client_bytes_total",
+                "counter",
+                "Page bytes clients wrote.",
+            ),
+            (
+                "disk.log_bytes",
+                "log_bytes_total",
+                "counter",
+                "Bytes appended to the log.",
+            ),
+            (
+                "disk.checkpoints",
+                "checkpoints_total",
+                "counter",
+                "Checkpoints written.",
+            ),
+            (
+                "disk.cleaned_segments",
+                "cleaned_segments_total",
+                "counter",
+                "Segments cleaned.",
+            ),
+            (
+                "syncs",
+                "syncs_total",
+                "counter",
+                "fdatasync calls made for FLUSH and FUA.",
+            ),
+            (
+                "cache.hits",
+                "cache_hits_total",
+                "counter",
+                "Reads the page cache served.",
+            ),
+            (
+                "cache.misses",
+                "cache_misses_total",
+                "counter",
+                "Reads the page cache missed.",
+            ),
+            (
+                "damaged_reads",
+                "damaged_reads_total",
+                "counter",
+                "Reads answered EIO: the page's record does not verify.",
+            ),
+        ] {
+            o.one(
+                &format!("ftlab_durable_{name}"),
+                kind,
+                help,
+                at(stats, &format!("durable.{key}")),
+            );
+        }
+        let flag = |key: &str| match stats["durable"].get(key) {
+            Some(Value::Bool(b)) => f64::from(u8::from(*b)),
+            Some(Value::String(_)) => 1.0,
+            _ => 0.0,
+        };
+        o.one(
+            "ftlab_durable_stalled",
+            "gauge",
+            "1 while the log waits for disk space (changes answered ENOSPC, reads go on).",
+            flag("stalled"),
+        );
+        o.one(
+            "ftlab_durable_model_damaged",
+            "gauge",
+            "1 when the FTL model's archive was damaged at start (the model was rebuilt).",
+            flag("model_damage"),
+        );
+        return finish(o, counts);
+    }
     // zram's mm_stat fields, as the page store keeps them.
     for (key, help) in [
         ("orig_data_size", "Uncompressed bytes of the stored pages."),
@@ -176,6 +268,11 @@ pub fn exposition(stats: &Value, latency: &OpHistograms, counts: Counts) -> Stri
             at(stats, &format!("store.{key}")),
         );
     }
+    finish(o, counts)
+}
+
+/// The families every server has: connections and the policy's denials.
+fn finish(mut o: Out, counts: Counts) -> String {
     o.one(
         "ftlab_connections_total",
         "counter",

@@ -251,6 +251,7 @@ impl ServeArgs {
             data: self.data.clone(),
             durability: self.durability,
             checkpoint_every_bytes: self.checkpoint_every,
+            maintenance: ftlab_device::Maintenance::Background { log_done: true },
             cache_bytes: self.cache,
             cache_policy: self.cache_policy,
         };

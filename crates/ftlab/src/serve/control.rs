@@ -12,6 +12,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The control socket's listener: `close` stops it and removes the socket file (a clean
+/// shutdown leaves none behind).
+pub struct ControlSocket {
+    pub path: PathBuf,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ControlSocket {
+    /// Waits for the listener to see `stop` (set by then), which removes the socket file.
+    pub fn close(self) {
+        let _ = self.thread.join();
+    }
+}
+
 /// Listens on `DIR/control.sock` (mode 0600: the directory's owner only) until `stop`. A
 /// socket file left by a server that died is replaced; anything else at the path is refused.
 pub fn spawn_control(
@@ -19,7 +33,7 @@ pub fn spawn_control(
     dir: &Path,
     policy: Option<PathBuf>,
     stop: Arc<AtomicBool>,
-) -> Result<PathBuf> {
+) -> Result<ControlSocket> {
     let path = control_path(dir);
     if let Ok(meta) = std::fs::symlink_metadata(&path) {
         use std::os::unix::fs::FileTypeExt;
@@ -43,7 +57,7 @@ pub fn spawn_control(
     }
     listener.set_nonblocking(true)?;
     let at = path.clone();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         while !stop.load(Ordering::SeqCst) {
             match listener.accept() {
                 Ok((stream, _)) => {
@@ -56,7 +70,7 @@ pub fn spawn_control(
         }
         let _ = std::fs::remove_file(&at);
     });
-    Ok(path)
+    Ok(ControlSocket { path, thread })
 }
 
 /// One request and its reply; a slow or oversized client is cut off.

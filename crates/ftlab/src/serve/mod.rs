@@ -139,25 +139,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         });
     }
+    let mut control_socket = None;
     if let Some(dir) = args.data.as_ref().filter(|_| !args.read_only) {
         let control =
             control::spawn_control(device.clone(), dir, args.policy.clone(), stop.clone())?;
         eprintln!(
             "ftlab serve: snapshots and clones: `ftlab snapshot create {} NAME` (control socket {})",
             dir.display(),
-            control.display()
+            control.path.display()
         );
-        // Checkpoints and cleaning: a thread of their own, so the listeners never wait.
-        let device = device.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                if let Some(line) = device.maintain() {
-                    eprintln!("ftlab serve: {line}");
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        });
+        control_socket = Some(control);
+        // Checkpoints and cleaning: the device's own thread (`Maintenance::Background`).
     }
     let mut last_stats = std::time::Instant::now();
     let mut connections: Vec<Connection> = Vec::new();
@@ -200,6 +192,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     listeners.stop_listening();
+    if let Some(c) = control_socket {
+        c.close();
+    }
     notify_service_manager("STOPPING=1");
     drain(&device, connections);
     // Each step runs even if one before it failed: the image holds the clients' data.

@@ -4,6 +4,7 @@ mod cli;
 mod config_errors;
 mod determinism;
 mod docs;
+mod durable_faults;
 mod fdp;
 mod invariants;
 mod mapping;

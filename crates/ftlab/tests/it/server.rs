@@ -4,7 +4,7 @@
 
 use crate::support::{config, temp_dir};
 use ftlab_core::rng::SplitMix64;
-use ftlab_device::{Device, DeviceOptions, Latency};
+use ftlab_device::{Device, DeviceOptions, Latency, LocalCommand};
 use ftlab_nbd::protocol as p;
 use ftlab_nbd::{serve_connection, NbdOptions};
 use ftlab_store::codec::Codec;
@@ -66,6 +66,7 @@ fn options() -> DeviceOptions {
         data: None,
         durability: Default::default(),
         checkpoint_every_bytes: 256 << 20,
+        maintenance: Default::default(),
         cache_bytes: 1 << 20,
         cache_policy: Default::default(),
     }
@@ -1411,6 +1412,8 @@ fn the_model_after_a_crash_reports_what_it_did_before() {
     let options = || DeviceOptions {
         data: Some(dir.join("data")),
         checkpoint_every_bytes: 256 << 10,
+        // This test calls `maintain` itself, once, and counts it.
+        maintenance: ftlab_device::Maintenance::Manual,
         ..options()
     };
     let device = Arc::new(Device::new(&c, options()).unwrap());
@@ -1448,6 +1451,80 @@ fn the_model_after_a_crash_reports_what_it_did_before() {
     let again = Device::new(&c, options()).unwrap();
     assert!(again.recovery_summary().unwrap().contains("model requests"));
     assert_eq!(again.model_report_json(at), before);
+}
+
+/// Bytes of the files directly in `dir` (what `du` counts of a device directory).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Every user of a durable device gets checkpoints and cleaning without asking: a device kept
+/// open and written over and over stays near its size (the device's own thread), and so does
+/// one opened, written once over and closed again and again (the close cleans), as the SQLite
+/// VFS does. Before, only `serve` called `maintain`, and the directory grew by what was
+/// written.
+#[test]
+fn a_durable_device_stays_bounded_whoever_uses_it() {
+    let dir = temp_dir("bounded");
+    let c = small_config();
+    let options = || DeviceOptions {
+        data: Some(dir.join("data")),
+        checkpoint_every_bytes: ftlab_device::default_checkpoint_every_bytes(SIZE),
+        maintenance: Default::default(),
+        ..options()
+    };
+    // Incompressible pages: each written page costs its size in the log.
+    let mut rng = SplitMix64::new(9);
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut write_over = |device: &Device| {
+        for at in (0..SIZE).step_by(chunk.len()) {
+            for w in chunk.chunks_mut(8) {
+                w.copy_from_slice(&rng.next_u64().to_le_bytes());
+            }
+            let mut none = Vec::new();
+            device
+                .local(LocalCommand::Write, at, &chunk, 0, &mut none)
+                .unwrap();
+            device
+                .local(LocalCommand::Flush, 0, &[], 0, &mut none)
+                .unwrap();
+        }
+    };
+    // Segments at most half live are cleaned (twice the live bytes at most) and never the
+    // one being written or the one after the last checkpoint: twice the device and two
+    // segments.
+    let bound = 2 * SIZE + (64 << 20);
+    let device = Device::new(&c, options()).unwrap();
+    for _ in 0..6 {
+        write_over(&device);
+    }
+    let waited = std::time::Instant::now();
+    while dir_bytes(&dir.join("data")) > bound && waited.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let kept_open = dir_bytes(&dir.join("data"));
+    assert!(
+        kept_open <= bound,
+        "{kept_open} bytes after writing 6x {SIZE}"
+    );
+    device.finish().unwrap();
+    drop(device);
+    for _ in 0..6 {
+        let device = Device::new(&c, options()).unwrap();
+        write_over(&device);
+        device.finish().unwrap();
+    }
+    let reopened = dir_bytes(&dir.join("data"));
+    assert!(
+        reopened <= bound,
+        "{reopened} bytes after 6 opens each writing {SIZE}"
+    );
 }
 
 /// Snapshots and clones of a durable device, through the server: a snapshot reads what the

@@ -67,6 +67,12 @@ pub enum CheckpointDamage {
     NoRecord { id: u16, lpn: usize },
     #[error("the device's volume is not first")]
     DeviceNotFirst,
+    #[error("{0} distinct map chunks (more than every volume's maps hold)")]
+    Chunks(usize),
+    #[error("map chunk {chunk}: does not decompress ({why})")]
+    ChunkCompression { chunk: usize, why: String },
+    #[error("volume {id}: map chunk {chunk} does not exist")]
+    NoChunk { id: u16, chunk: u32 },
 }
 
 /// Why a snapshot or clone was not made or deleted.
@@ -80,7 +86,7 @@ pub enum DurableError {
     NoSuch(String),
     #[error("a device is not made")]
     DeviceNotMade,
-    #[error("{existing} snapshots and clones exist, or 65534 were ever made: delete some first")]
+    #[error("{existing} snapshots and clones exist, the most a device keeps ({max}): delete some first", max = MAX_VOLUMES - 1)]
     Full { existing: usize },
     #[error(transparent)]
     Log(#[from] LogError),

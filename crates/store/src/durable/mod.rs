@@ -13,7 +13,8 @@
 //! - `model.log`: the FTL model's requests up to the checkpoint (appended before the checkpoint
 //!   is replaced), so that the model is rebuilt by replaying every request it ever saw, in order,
 //!   with its arrival time: the same report as without a crash. The model's own state is not
-//!   checkpointed (see docs/serve.md).
+//!   checkpointed (see docs/serve.md). A damaged archive costs the model's exactness, never the
+//!   data: the model is rebuilt from the requests that verify (`Opened::model_damage`).
 //!
 //! Snapshots share records with their parent: a snapshot is a copy of a map whose chunks are
 //! shared until written (`LocMap`), so creating one copies no data and a pointer per 1024 pages.
@@ -34,7 +35,8 @@ use std::sync::{Arc, Mutex};
 pub const CHECKPOINT_FILE: &str = "checkpoint";
 pub const MODEL_FILE: &str = "model.log";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"FTLABCKP";
-const CHECKPOINT_VERSION: u32 = 1;
+/// Written; version 1 (every volume's whole map) is still read.
+const CHECKPOINT_VERSION: u32 = 2;
 /// Pages per chunk of a volume's map: the unit shared between a snapshot and its parent.
 const CHUNK_PAGES: usize = 1024;
 /// The device itself: volume 0.
@@ -48,6 +50,7 @@ mod error;
 mod loc_map;
 mod model_log;
 pub mod offline;
+mod salvage;
 mod volumes;
 
 use checkpoint::decode_checkpoint;
@@ -56,6 +59,7 @@ pub use checkpoint::decode_checkpoint_bytes;
 pub use error::{CheckpointDamage, DurableError, ReplayError};
 pub use loc_map::LocMap;
 pub use model_log::{model_op, ModelRequest};
+pub use salvage::{DamagedPage, Verified};
 pub use volumes::{check_volume_name, Volume, VolumeInfo, VolumeKind, Volumes, NAME_RULE};
 
 /// The host disk's account of a durable device, for `--stats`.
@@ -91,6 +95,11 @@ pub struct Opened {
     pub checkpoint_seq: u64,
     pub dropped_bytes: u64,
     pub dropped_why: Option<String>,
+    /// Why the model's archive (`model.log`) was not whole: the model is rebuilt from the
+    /// requests that verify and those logged after the checkpoint (`requests`), so its report
+    /// differs from an uninterrupted run's; the data is served all the same. A writable open
+    /// writes the archive anew.
+    pub model_damage: Option<String>,
 }
 
 /// Open segment files, shared with readers outside the directory's lock: a reader holding a
@@ -310,7 +319,8 @@ impl DataDir {
     /// Opens `dir` (created when absent and not `read_only`): the checkpoint, the model
     /// archive it counts, then the log after it. Refuses, naming the file, whatever would
     /// serve wrong data: a damaged checkpoint, a missing segment it references, a log that ends
-    /// before it, damage before a commit.
+    /// before it, damage before a commit. A damaged model archive is not among them: it is
+    /// `Opened::model_damage`.
     pub fn open(dir: &Path, options: &DirOptions) -> Result<(DataDir, Opened), LogError> {
         let DirOptions {
             pages,
@@ -322,7 +332,8 @@ impl DataDir {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
         let lock = lock_dir(dir, read_only)?;
-        match device_geometry(dir)? {
+        let made = device_geometry(dir)?;
+        match made {
             Some(made) if made != (pages, page_bytes) => {
                 return Err(damaged(
                     &dir.join(DEVICE_FILE),
@@ -337,23 +348,32 @@ impl DataDir {
                     ),
                 ))
             }
-            Some(_) => {}
-            None if read_only => {}
-            None => {
-                write_atomically(
-                    &dir.join(DEVICE_FILE),
-                    format!("ftlab device\npages={pages}\npage_bytes={page_bytes}\n").as_bytes(),
-                )
-                .map_err(atomic)?;
-            }
+            // Written below, once the directory is known to hold this device: a refused start
+            // must not leave a device file naming the geometry it was refused for.
+            _ => {}
         }
+        let present = segment_indices(dir).unwrap_or_default();
         let ck_path = dir.join(CHECKPOINT_FILE);
         let checkpoint = match std::fs::read(&ck_path) {
             Ok(bytes) => Some(
                 decode_checkpoint(&bytes, pages, page_bytes)
                     .map_err(|why| damaged(&ck_path, why))?,
             ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // The cleaner deletes segments only after a checkpoint: a log that does not
+                // start at its first segment had one, and cannot be rebuilt without it.
+                if let Some(&first) = present.first().filter(|&&f| f > 0) {
+                    return Err(damaged(
+                        &ck_path,
+                        format!(
+                            "missing, and the log starts at segment {first:016x} (the earlier \
+                             ones were cleaned after a checkpoint): the device cannot be \
+                             rebuilt without it; restore it from a backup"
+                        ),
+                    ));
+                }
+                None
+            }
             Err(cause) => {
                 return Err(LogError::Io {
                     path: ck_path,
@@ -361,12 +381,21 @@ impl DataDir {
                 })
             }
         };
+        if made.is_none() && checkpoint.is_none() && !present.is_empty() {
+            // A log with neither a device file nor a checkpoint: nothing says which device it
+            // holds, and a wrong guess would misread every record.
+            return Err(damaged(
+                &dir.join(DEVICE_FILE),
+                "missing, and the directory holds a log: nothing else records the device's \
+                 geometry; write it back (`ftlab device`, `pages=N`, `page_bytes=N` lines) or \
+                 restore it from a backup",
+            ));
+        }
         let (at, model_entries, mut volumes) = match checkpoint {
             Some(c) => (c.at, c.model_entries, c.volumes),
             None => (Position::START, 0, Volumes::new(pages)),
         };
         // Every segment the checkpoint references must be there.
-        let present = segment_indices(dir).unwrap_or_default();
         for &segment in volumes.live_bytes.keys() {
             if segment < at.segment && present.binary_search(&segment).is_err() {
                 return Err(damaged(
@@ -375,36 +404,12 @@ impl DataDir {
                 ));
             }
         }
-        // The model's archive, up to what the checkpoint counts.
-        let model_path = dir.join(MODEL_FILE);
-        let mut requests = Vec::new();
-        let mut model_len = log::SEGMENT_HEADER_BYTES as u64;
-        match std::fs::read(&model_path) {
-            Ok(bytes) => {
-                let scan =
-                    log::scan_segment(&bytes, 0, 1).map_err(|why| damaged(&model_path, why))?;
-                if (scan.records.len() as u64) < model_entries {
-                    return Err(damaged(
-                        &model_path,
-                        format!(
-                            "{} requests verify where the checkpoint counts {model_entries}",
-                            scan.records.len()
-                        ),
-                    ));
-                }
-                for r in &scan.records[..model_entries as usize] {
-                    requests.push(ModelRequest::of(r).map_err(|why| damaged(&model_path, why))?);
-                    model_len = (r.offset + r.bytes) as u64;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && model_entries == 0 => {}
-            Err(cause) => {
-                return Err(LogError::Io {
-                    path: model_path,
-                    cause,
-                })
-            }
-        }
+        // The model's archive, up to what the checkpoint counts; what of it is damaged costs
+        // the model's exactness, never the data.
+        let archive = model_log::read_archive(&dir.join(MODEL_FILE), model_entries);
+        let mut requests = archive.requests;
+        let model_len = archive.len_bytes;
+        let model_entries = requests.len() as u64;
         let archived = requests.len();
         let recovered = recover_from(dir, at, &mut |r: &Record| {
             if r.kind == Kind::Request {
@@ -414,6 +419,14 @@ impl DataDir {
             volumes.apply(r, r.segment)
         })?;
         let pending = requests[archived..].to_vec();
+        // The directory holds this device (the checkpoint, if any, said the same geometry).
+        if made.is_none() && !read_only {
+            write_atomically(
+                &dir.join(DEVICE_FILE),
+                format!("ftlab device\npages={pages}\npage_bytes={page_bytes}\n").as_bytes(),
+            )
+            .map_err(atomic)?;
+        }
         let tail = log::tail_position(&recovered);
         let writer = if read_only {
             None
@@ -430,6 +443,7 @@ impl DataDir {
             checkpoint_seq: at.seq - 1,
             dropped_bytes: recovered.dropped_bytes,
             dropped_why: recovered.dropped_why,
+            model_damage: archive.damage,
         };
         let mut data = DataDir {
             dir: dir.to_path_buf(),
@@ -444,6 +458,20 @@ impl DataDir {
             stats: DiskStats::default(),
             _lock: lock,
         };
+        // A damaged archive is written anew at once (what verified, then what the log holds
+        // after the checkpoint), so the next start finds it whole.
+        // The damaged file is copied to `model.log.damaged` first (nothing is deleted).
+        let mut opened = opened;
+        if let Some(why) = opened.model_damage.as_mut().filter(|_| !read_only) {
+            let model = dir.join(MODEL_FILE);
+            let aside = dir.join(format!("{MODEL_FILE}.damaged"));
+            match std::fs::copy(&model, &aside) {
+                Ok(_) => *why += &format!("; its copy is {}", aside.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => *why += &format!("; not copied aside ({e})"),
+            }
+            data.checkpoint()?;
+        }
         data.refresh_disk_stats();
         Ok((data, opened))
     }
@@ -543,45 +571,6 @@ impl DataDir {
             .map_or(self.checkpoint_at.seq - 1, |w| w.last_seq())
     }
 
-    /// Reads the records at `pages` (sorted by `Loc`), each segment read once, and hands each
-    /// page to `visit`.
-    pub fn load_pages(
-        &self,
-        pages: &[(Loc, u64)],
-        visit: &mut PageVisitor,
-    ) -> Result<(), LogError> {
-        let mut page = vec![0u8; self.page_bytes];
-        let mut k = 0;
-        while k < pages.len() {
-            let segment = pages[k].0.segment();
-            let path = segment_path(&self.dir, segment);
-            let bytes = std::fs::read(&path).map_err(io(&path))?;
-            while k < pages.len() && pages[k].0.segment() == segment {
-                let (loc, lpn) = pages[k];
-                let bad = |why: &dyn std::fmt::Display| {
-                    damaged(&path, format!("the record at byte {}: {why}", loc.offset()))
-                };
-                let r = bytes
-                    .get(loc.offset()..loc.offset() + loc.bytes())
-                    .ok_or_else(|| bad(&"beyond the end of the segment"))
-                    .and_then(|b| log::decode_any(b).map_err(|why| bad(&why)))?;
-                if r.kind != Kind::Page || r.lpn != lpn {
-                    return Err(bad(&format!(
-                        "a {:?} record of page {}, where page {lpn} was mapped",
-                        r.kind, r.lpn
-                    )));
-                }
-                let p = r
-                    .page(self.page_bytes)
-                    .ok_or_else(|| bad(&"does not decode to a page"))?;
-                page.copy_from_slice(&p);
-                visit(lpn, &page).map_err(|cause| LogError::Visit { lpn, cause })?;
-                k += 1;
-            }
-        }
-        Ok(())
-    }
-
     /// Where `volume`'s page `lpn` is, to read outside the lock; None: unmapped (zeros).
     pub fn locate(&mut self, volume: u16, lpn: u64) -> Result<Option<Located>, LogError> {
         let v = self
@@ -606,21 +595,6 @@ impl DataDir {
             path: segment_path(&self.dir, loc.segment()),
             pending,
         }))
-    }
-
-    /// Checks every volume's map against the log: each mapped record reads back, verifies and
-    /// is a page of its LPN. Returns the records checked.
-    pub fn verify(&self) -> Result<u64, LogError> {
-        let mut checked = 0;
-        for v in &self.volumes.list {
-            let mut pages: Vec<(Loc, u64)> = v.map.mapped().map(|(l, p)| (p, l)).collect();
-            pages.sort_unstable();
-            self.load_pages(&pages, &mut |_, _| {
-                checked += 1;
-                Ok(())
-            })?;
-        }
-        Ok(checked)
     }
 }
 

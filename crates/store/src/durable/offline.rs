@@ -3,8 +3,8 @@
 //! keeps these apart from a running server; what they print is the caller's.
 
 use super::{
-    checkpoint_position, device_geometry, model_op, DataDir, DirOptions, ModelRequest, Opened,
-    VolumeInfo, DEVICE_FILE,
+    checkpoint_position, device_geometry, model_op, DamagedPage, DataDir, DirOptions, ModelRequest,
+    Opened, VolumeInfo, DEVICE_FILE,
 };
 use crate::log::{repair_from, segment_indices, LogError, Repaired};
 use ftlab_core::atomic_file::{AtomicFile, AtomicFileError};
@@ -83,6 +83,12 @@ pub struct Checked {
     pub volumes: Vec<VolumeInfo>,
     /// Mapped page records read back, each verifying.
     pub verified_pages: u64,
+    /// Mapped pages whose records do not verify (each named; reads of them are EIO).
+    pub damaged_pages: Vec<DamagedPage>,
+    /// With `repair`: the damaged pages it zeroed.
+    pub zeroed_pages: Vec<DamagedPage>,
+    /// Why the model's archive was not whole, and whether the repair wrote it anew.
+    pub model_damage: Option<(String, bool)>,
 }
 
 /// Verifies `dir` read-only: every record after the checkpoint by checksum and sequence, every
@@ -109,7 +115,7 @@ pub fn check(
             },
         )
     };
-    let (data, opened) = match open() {
+    let (data, mut opened) = match open() {
         Ok(o) => o,
         Err(e) if repair => {
             let r = repair_from(dir, checkpoint_position(dir))?;
@@ -118,28 +124,58 @@ pub fn check(
         }
         Err(e) => return Err(e.into()),
     };
-    let verified_pages = data.verify()?;
+    // A damaged model archive costs only the model's exactness: a repair writes it anew (a
+    // writable open does) and the check runs again.
+    let (data, opened, model_damage) = match opened.model_damage.take() {
+        Some(why) if repair => {
+            drop(data);
+            drop(DataDir::open(dir, &DirOptions::new(pages, page_bytes))?);
+            let (data, opened) = open()?;
+            (data, opened, Some((why, true)))
+        }
+        why => (data, opened, why.map(|w| (w, false))),
+    };
+    let mut verified = data.verify()?;
+    // A page whose record does not verify is lost already: a repair zeroes it (a trim logged
+    // for it), so the rest of the device is served and exported whole, and checks again.
+    let mut zeroed = Vec::new();
+    if repair && !verified.damaged.is_empty() {
+        drop(data);
+        let (mut w, _) = DataDir::open(dir, &DirOptions::new(pages, page_bytes))?;
+        w.zero_damaged(&verified.damaged)?;
+        drop(w);
+        zeroed = std::mem::take(&mut verified.damaged);
+        verified = open()?.0.verify()?;
+    }
     Ok(Checked {
+        verified_pages: verified.pages,
+        damaged_pages: verified.damaged,
+        zeroed_pages: zeroed,
+        model_damage,
         segments: segment_indices(dir)?.len(),
         opened,
-        volumes: data.volumes(),
-        verified_pages,
+        volumes: open()?.0.volumes(),
     })
 }
 
 /// What an export wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exported {
     pub image_bytes: u64,
     pub pages_written: u64,
+    /// With `skip_damaged`: the pages whose records do not verify, written as zeros.
+    pub skipped: Vec<DamagedPage>,
 }
 
 /// Writes the device of `dir` (or its snapshot or clone `volume`) to `file` as a raw image,
-/// every byte of it (unwritten pages as holes), replacing `file` atomically.
+/// every byte of it (unwritten pages as holes), replacing `file` atomically. A page whose
+/// record does not verify stops the export, naming it, or with `skip_damaged` is written as
+/// zeros and listed.
 pub fn export_image(
     dir: &Path,
     volume: Option<&str>,
     file: &Path,
+    skip_damaged: bool,
 ) -> Result<Exported, OfflineError> {
     let data = open_offline(dir, true)?;
     let (pages, page_bytes) = device_geometry(dir)?.expect("open_offline checked");
@@ -162,16 +198,22 @@ pub fn export_image(
     let image_bytes = pages * page_bytes as u64;
     let mut out = AtomicFile::create(file)?;
     let tmp = out.tmp_path().to_path_buf();
+    let mut skipped = Vec::new();
     let mut write = || -> Result<u64, OfflineError> {
         let out = out.file();
         out.set_len(image_bytes).map_err(io(&tmp))?;
         let mut written = 0;
         let mut locs = data.volume_pages(id);
         locs.sort_unstable();
-        data.load_pages(&locs, &mut |lpn, page| {
-            written += 1;
-            out.write_all_at(page, lpn * page_bytes as u64)
-        })?;
+        data.load_pages(
+            id,
+            &locs,
+            &mut |lpn, page| {
+                written += 1;
+                out.write_all_at(page, lpn * page_bytes as u64)
+            },
+            skip_damaged.then_some(&mut skipped),
+        )?;
         Ok(written)
     };
     // Dropped uncommitted on an error, `out` removes its file beside.
@@ -184,6 +226,7 @@ pub fn export_image(
     Ok(Exported {
         image_bytes,
         pages_written,
+        skipped,
     })
 }
 

@@ -63,6 +63,15 @@ impl Volumes {
         }
     }
 
+    /// The id the next volume gets: `next_id`, or the first free one after it (wrapping, never
+    /// the device's 0 nor u16::MAX).
+    pub(super) fn free_id(&self) -> Option<u16> {
+        let start = self.next_id.clamp(1, u16::MAX - 1);
+        (start..u16::MAX)
+            .chain(1..start)
+            .find(|&id| self.index(id).is_none())
+    }
+
     pub(super) fn index(&self, id: u16) -> Option<usize> {
         self.list.iter().position(|v| v.id == id)
     }
@@ -152,7 +161,12 @@ impl Volumes {
                     created_seq: r.seq,
                     map,
                 });
-                self.next_id = self.next_id.max(r.volume.saturating_add(1));
+                // Ids are handed out in turn and reused once free (`free_id`): a device made
+                // 65,534 snapshots over its life can make more.
+                self.next_id = match r.volume.wrapping_add(1) {
+                    u16::MAX | 0 => 1,
+                    next => next,
+                };
             }
             Kind::Unvolume => {
                 let at = at()?;
@@ -162,7 +176,13 @@ impl Volumes {
                 for lpn in 0..self.pages {
                     self.set(at, lpn, Loc::NONE);
                 }
-                self.list.remove(at);
+                let gone = self.list.remove(at);
+                // Its id may be reused: its children name its parent as theirs from now on.
+                for v in &mut self.list {
+                    if v.parent == gone.id {
+                        v.parent = gone.parent;
+                    }
+                }
             }
             Kind::Commit | Kind::Request => {}
         }
@@ -235,12 +255,14 @@ impl DataDir {
         if kind == VolumeKind::Device {
             return Err(DurableError::DeviceNotMade);
         }
-        let id = self.volumes.next_id;
-        if id == u16::MAX || self.volumes.list.len() >= MAX_VOLUMES {
-            return Err(DurableError::Full {
-                existing: self.volumes.list.len() - 1,
-            });
-        }
+        let id = match self.volumes.free_id() {
+            Some(id) if self.volumes.list.len() < MAX_VOLUMES => id,
+            _ => {
+                return Err(DurableError::Full {
+                    existing: self.volumes.list.len() - 1,
+                })
+            }
+        };
         let codec = u8::from(kind == VolumeKind::Clone);
         let (seq, loc) = self.writer().append_volume(
             Kind::Volume,
