@@ -13,7 +13,7 @@ use crate::addr::Ppn;
 use crate::config::FlashConfig;
 use crate::geometry::Geometry;
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct FlashTiming {
     read_latency_ns: u64,
     program_latency_ns: u64,
@@ -29,7 +29,7 @@ pub struct FlashTiming {
 
 /// When an operation's data has left the controller (for a program: its buffer slot is free
 /// again) and when the operation is done (the page durable, sensed and transferred, erased).
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub struct OpTimes {
     pub transferred_ns: u64,
     pub done_ns: u64,
@@ -56,7 +56,7 @@ pub fn transfer_ns(bytes: u64, mb_per_s: u64) -> u64 {
 
 /// Why the FTL touches flash. Every operation carries one and is counted under it; a new reason
 /// (a translation page, a reclaim unit's own GC) is a new variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Cause {
     /// Host data: a host read's page, a host page's program.
     Host = 0,
@@ -87,7 +87,7 @@ pub const MAPPING_PLACEMENT: u8 = u8::MAX;
 pub const SHARED_GC_PLACEMENT: u8 = u8::MAX - 1;
 
 /// One flash operation and what it addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlashOp {
     /// Sense a page and move it across the channel.
     Read { ppn: Ppn },
@@ -99,7 +99,7 @@ pub enum FlashOp {
 
 /// Per placement (stream / FDP placement handle): pages programmed and physical blocks erased,
 /// by cause.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct PlacementCounts {
     pub program_pages: [u64; Cause::COUNT],
     pub erased_blocks: [u64; Cause::COUNT],
@@ -116,9 +116,10 @@ pub struct PlacementCounts {
 /// The flash operations an FTL issued, by cause, and (programs and erases) by placement. Reads
 /// have no placement: a host read finds its page through the mapping, not through a stream.
 /// Every placement a `u8` can name has its counts, so counting needs no bounds check.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct FlashCounts {
     read_pages: [u64; Cause::COUNT],
+    #[serde(with = "crate::serde_state::boxed")]
     placements: Box<[PlacementCounts; 256]>,
 }
 

@@ -12,7 +12,7 @@ use crate::addr::Ppn;
 use crate::config::{Config, ConfigError};
 use serde::Serialize;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Geometry {
     pub channels: u32,
     pub dies_per_channel: u32,
@@ -426,11 +426,19 @@ impl Geometry {
 
 /// A divisor fixed at construction. Division is on the per-page path and geometry sizes are
 /// usually powers of two: then it is a shift and a mask, decided once instead of per call.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize)]
 pub struct Divisor {
     pub value: u32,
     /// log2(value) when value is a power of two, else u32::MAX.
     shift: u32,
+}
+
+/// What a deserialised `Geometry`'s skipped divisors hold until the geometry is replaced by the
+/// configuration's (`Ftl::load`): never used to divide.
+impl Default for Divisor {
+    fn default() -> Self {
+        Divisor::new(1)
+    }
 }
 
 impl Divisor {

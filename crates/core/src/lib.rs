@@ -31,6 +31,7 @@ pub mod heap;
 pub mod memory;
 pub mod request;
 pub mod rng;
+pub mod serde_state;
 pub mod table;
 pub mod units;
 

@@ -16,7 +16,9 @@ pub enum Op {
 /// Where a write goes: an NVMe FDP placement ID resolved to the device's reclaim group and
 /// reclaim unit handle (a stream is a handle). The default, (0, 0), is every write's that
 /// names none.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Placement {
     pub reclaim_group: u8,
     pub handle: u8,

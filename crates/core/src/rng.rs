@@ -5,7 +5,7 @@
 //! rule, so a trace it writes can be regenerated natively bit for bit, and a seed printed in a
 //! report reproduces the run on any platform and any crate version.
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct SplitMix64 {
     state: u64,
 }
@@ -50,7 +50,7 @@ impl SplitMix64 {
 
 /// `0..n` with its rejection limit 2^64 - (2^64 mod n) precomputed (0 when n divides 2^64, so
 /// every draw is accepted).
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub struct Range {
     n: u64,
     limit: u64,

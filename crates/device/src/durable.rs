@@ -8,6 +8,7 @@ use crate::{
     Device, DeviceError, DeviceOptions, Durability, IoError, Placement, State, VolumeError,
 };
 use ftlab_core::request::{Op, Request as FtlRequest};
+use ftlab_sim::ConfiguredFtl;
 use ftlab_store::durable::{DataDir, DirOptions, VolumeKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -36,6 +37,12 @@ pub(crate) struct Durable {
     /// log so far (each once; at most `DAMAGED_TOLD` of them, then only counted).
     pub(crate) damaged_reads: AtomicU64,
     pub(crate) damaged_told: Mutex<Vec<(u16, u64)>>,
+    /// The configuration's fingerprint (xxh3 of its JSON), saved with the model: a model saved
+    /// under another configuration is not restored.
+    pub(crate) config_hash: u64,
+    /// Whether the model's saved state was restored at start (then only the requests after it
+    /// were replayed).
+    pub(crate) model_restored: bool,
     /// Decompressed pages of snapshots and clones (read from the log).
     pub(crate) cache: Mutex<ftlab_store::cache::PageCache>,
 }
@@ -154,15 +161,40 @@ impl Durable {
     }
 }
 
+/// `Durable::save_model`, before there is a `Durable`.
+fn model_bytes(config_hash: u64, s: &crate::State) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&config_hash.to_le_bytes());
+    out.extend_from_slice(&s.clock_ns.to_le_bytes());
+    out.extend_from_slice(&s.ftl.save(&s.recorder));
+    out
+}
+
+/// How long the model's saved state's header is: the configuration's fingerprint and the
+/// model's clock.
+const MODEL_HEADER_BYTES: usize = 16;
+
 impl Durable {
-    /// `Device::maintain`'s work.
-    pub(crate) fn maintain(&self) -> Option<Result<String, String>> {
+    /// The model's state as saved with a checkpoint: the configuration's fingerprint, the
+    /// model's clock, then the FTL and the recorder (`ConfiguredFtl::save`).
+    pub(crate) fn save_model(&self, s: &crate::State) -> Vec<u8> {
+        model_bytes(self.config_hash, s)
+    }
+
+    /// `Device::maintain`'s work. The model's lock is taken before the directory's, as a
+    /// request takes them: the saved model and the log agree on which requests it took.
+    pub(crate) fn maintain(&self, state: &Mutex<crate::State>) -> Option<Result<String, String>> {
         if self.lock().since_checkpoint_bytes() < self.checkpoint_every_bytes {
             return None;
         }
         let started = Instant::now();
+        let s = state.lock().unwrap_or_else(|p| p.into_inner());
+        let model = self.save_model(&s);
         let mut data = self.lock();
-        let result = data.checkpoint().and_then(|()| data.clean(0.5));
+        let result = data
+            .checkpoint_with_model(&model)
+            .and_then(|()| data.clean(0.5));
+        drop(s);
         // Everything before the checkpoint is durable now.
         let seq = data.last_seq();
         self.synced_seq.fetch_max(seq, Ordering::AcqRel);
@@ -185,7 +217,11 @@ pub(crate) struct Maintainer {
 }
 
 impl Maintainer {
-    pub(crate) fn spawn(durable: Arc<Durable>, log_done: bool) -> std::io::Result<Maintainer> {
+    pub(crate) fn spawn(
+        durable: Arc<Durable>,
+        state: Arc<Mutex<crate::State>>,
+        log_done: bool,
+    ) -> std::io::Result<Maintainer> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
@@ -202,7 +238,7 @@ impl Maintainer {
                         break;
                     }
                     drop(stopped);
-                    match durable.maintain() {
+                    match durable.maintain(&state) {
                         Some(Ok(line)) if log_done => eprintln!("ftlab: {line}"),
                         Some(Err(line)) => eprintln!("ftlab: {line}"),
                         _ => {}
@@ -236,9 +272,15 @@ impl Device {
     pub(crate) fn recover(
         dir: &std::path::Path,
         state: &mut State,
+        config: &ftlab_core::config::Config,
         geometry: &ftlab_core::geometry::Geometry,
         options: &DeviceOptions,
     ) -> Result<(Durable, u64), DeviceError> {
+        let config_hash = twox_hash::XxHash3_64::oneshot(
+            serde_json::to_string(config)
+                .expect("a configuration serialises")
+                .as_bytes(),
+        );
         let log_error = |e: ftlab_store::log::LogError| DeviceError::Log(e.to_string());
         let page_bytes = geometry.page_size_bytes as usize;
         let (data, opened) = DataDir::open(
@@ -252,6 +294,35 @@ impl Device {
         )
         .map_err(log_error)?;
         let mut clock_ns = 0;
+        // The model's saved state first, when it was saved under this configuration; then the
+        // requests after it.
+        let mut model_damage = opened.model_damage;
+        let mut model_restored = false;
+        if let Some(saved) = &opened.model_state {
+            let restored = match saved.split_at_checked(MODEL_HEADER_BYTES) {
+                Some((header, body)) if header[..8] == config_hash.to_le_bytes() => {
+                    ConfiguredFtl::load(config, geometry, body).map(|(ftl, recorder)| {
+                        state.ftl = ftl;
+                        state.recorder = recorder;
+                        clock_ns = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+                        state.clock_ns = clock_ns;
+                        model_restored = true;
+                    })
+                }
+                Some(_) => Err("it was saved under another configuration".into()),
+                None => Err("it is too short".into()),
+            };
+            if let Err(why) = restored {
+                let note = format!(
+                    "the model's saved state is not restored ({why}): the model starts anew from \
+                     the requests after it"
+                );
+                model_damage = Some(match model_damage {
+                    Some(d) => format!("{d}; {note}"),
+                    None => note,
+                });
+            }
+        }
         for (k, r) in opened.requests.iter().enumerate() {
             let op = match r.op {
                 model_op::READ => Op::Read,
@@ -261,6 +332,7 @@ impl Device {
                 model_op::DRAIN => {
                     state.ftl.flush(r.arrival_ns);
                     clock_ns = r.arrival_ns;
+                    state.clock_ns = clock_ns;
                     continue;
                 }
                 other => {
@@ -292,6 +364,13 @@ impl Device {
             })?;
             clock_ns = r.arrival_ns;
         }
+        // A model rebuilt from damaged saved requests is saved at once: the next start
+        // restores it rather than rebuilding another.
+        let mut data = data;
+        if model_damage.is_some() && !options.read_only {
+            data.checkpoint_with_model(&model_bytes(config_hash, state))
+                .map_err(log_error)?;
+        }
         let synced = data.last_seq();
         Ok((
             Durable {
@@ -306,7 +385,9 @@ impl Device {
                 checkpoint_seq: opened.checkpoint_seq,
                 dropped_bytes: opened.dropped_bytes,
                 dropped_why: opened.dropped_why,
-                model_damage: opened.model_damage,
+                model_damage,
+                config_hash,
+                model_restored,
                 damaged_reads: AtomicU64::new(0),
                 damaged_told: Mutex::default(),
                 cache: Mutex::new(ftlab_store::cache::PageCache::new(
@@ -326,7 +407,7 @@ impl Device {
         self.durable
             .as_ref()
             .filter(|_| !self.options.read_only)?
-            .maintain()
+            .maintain(&self.state)
     }
 
     /// What recovery found, for the log at start: records replayed, bytes dropped from a
@@ -334,10 +415,16 @@ impl Device {
     pub fn recovery_summary(&self) -> Option<String> {
         let d = self.durable.as_ref()?;
         let mut line = format!(
-            "{}: replayed {} log records after the checkpoint (sequence {}) and {} model requests",
+            "{}: replayed {} log records after the checkpoint (sequence {}){} and {} model \
+             requests",
             d.dir.display(),
             d.recovered_records,
             d.checkpoint_seq,
+            if d.model_restored {
+                ", restored the FTL model's saved state"
+            } else {
+                ""
+            },
             d.replayed_requests
         );
         if let Some(why) = &d.dropped_why {
@@ -348,9 +435,9 @@ impl Device {
         }
         if let Some(why) = &d.model_damage {
             line += &format!(
-                "; WARNING: the FTL model's archive is damaged ({why}): the model was rebuilt \
-                 from the requests that verify, so its report differs from an uninterrupted \
-                 run's; every page of data is served as written"
+                "; WARNING: the FTL model's saved requests are damaged ({why}): the model was \
+                 rebuilt from what verifies, so its report differs from an uninterrupted run's; \
+                 every page of data is served as written"
             );
         }
         Some(line)

@@ -50,6 +50,8 @@ use std::time::Instant;
 
 struct State {
     ftl: ConfiguredFtl,
+    /// The model's clock: the arrival of the last request it took (a drain's included).
+    clock_ns: u64,
     requests: u64,
     record: Option<BufWriter<std::fs::File>>,
     record_format: RecordFormat,
@@ -79,6 +81,7 @@ impl State {
             .ftl
             .submit(&request, request.arrival_ns)
             .map_err(|e| ftl_errno(&e, request.op))?;
+        self.clock_ns = request.arrival_ns;
         self.recorder.record(&request, request.arrival_ns, done_ns);
         Ok(done_ns)
     }
@@ -91,7 +94,8 @@ pub struct Device {
     /// With a writable durable device (`Maintenance::Background`): the thread that checkpoints
     /// and cleans; first, so it is stopped first when the device is dropped.
     _maintainer: Option<durable::Maintainer>,
-    state: Mutex<State>,
+    /// Shared with the maintenance thread, which saves the model at checkpoints.
+    state: std::sync::Arc<Mutex<State>>,
     /// Serialises read-modify-writes of partial pages.
     rmw: Mutex<()>,
     /// The same for snapshots' and clones' pages.
@@ -184,6 +188,7 @@ impl Device {
         };
         let mut state = State {
             ftl: ConfiguredFtl::new(config, &geometry),
+            clock_ns: 0,
             requests: 0,
             record: None,
             record_format: options.record_format,
@@ -193,24 +198,25 @@ impl Device {
         };
         let (durable, clock_base_ns) = match &options.data {
             Some(dir) => {
-                let (d, clock) = Self::recover(dir, &mut state, &geometry, &options)?;
+                let (d, clock) = Self::recover(dir, &mut state, config, &geometry, &options)?;
                 (Some(std::sync::Arc::new(d)), clock)
             }
             None => (None, 0),
         };
+        // After the replay: the record file holds what this run's clients send.
+        state.record = record;
+        let state = std::sync::Arc::new(Mutex::new(state));
         let maintainer = match (&durable, options.maintenance) {
             (Some(d), Maintenance::Background { log_done }) if !options.read_only => Some(
-                durable::Maintainer::spawn(d.clone(), log_done).map_err(|cause| {
-                    DeviceError::File {
+                durable::Maintainer::spawn(d.clone(), state.clone(), log_done).map_err(
+                    |cause| DeviceError::File {
                         path: d.dir.clone(),
                         cause,
-                    }
-                })?,
+                    },
+                )?,
             ),
             _ => None,
         };
-        // After the replay: the record file holds what this run's clients send.
-        state.record = record;
         Ok(Device {
             _maintainer: maintainer,
             durable,
@@ -218,7 +224,7 @@ impl Device {
             clock_base_ns,
             rmw: Mutex::new(()),
             volume_rmw: Mutex::new(()),
-            state: Mutex::new(state),
+            state,
             unix_start_ns: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
@@ -339,9 +345,11 @@ impl Device {
                     handle: 0,
                 })
                 .map_err(failed)?;
-                // The cleaner too: a user who opens and closes the device often (the SQLite
-                // VFS) may never log enough between for the background checkpoint.
-                data.checkpoint()
+                s.clock_ns = now;
+                // The model saved with it, so the next start replays nothing; the cleaner too:
+                // a user who opens and closes the device often (the SQLite VFS) may never log
+                // enough between for the background checkpoint.
+                data.checkpoint_with_model(&d.save_model(&s))
                     .and_then(|()| data.clean(0.5))
                     .map_err(failed)?;
             }

@@ -44,6 +44,7 @@ impl Device {
                     "syncs": d.syncs.load(Ordering::Relaxed),
                     "recovered_records": d.recovered_records,
                     "recovered_requests": d.replayed_requests,
+                    "recovery_model_restored": d.model_restored,
                     "recovery_checkpoint_seq": d.checkpoint_seq,
                     "recovery_dropped_bytes": d.dropped_bytes,
                     "model_damage": d.model_damage,

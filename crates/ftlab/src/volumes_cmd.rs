@@ -271,15 +271,15 @@ pub fn run_check(dir: &std::path::Path, repair: bool) -> anyhow::Result<()> {
     }
     match &checked.model_damage {
         Some((why, true)) => println!(
-            "repaired: the FTL model's archive was damaged ({why}); it was written anew from the \
-             requests that verify (the model's report differs from an uninterrupted run's; the \
-             data does not)"
+            "repaired: the FTL model's saved requests were damaged ({why}); they were written \
+             anew from what verifies (the model's report differs from an uninterrupted run's; \
+             the data does not)"
         ),
         Some((why, false)) => {
             println!(
-                "the FTL model's archive is damaged ({why}): every page is served all the same; \
-                 the next start (or `ftlab check --repair`) rebuilds the model from the requests \
-                 that verify"
+                "the FTL model's saved requests are damaged ({why}): every page is served all \
+                 the same; the next start (or `ftlab check --repair`) rebuilds the model from \
+                 what verifies"
             );
         }
         None => {}

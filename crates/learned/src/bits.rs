@@ -101,9 +101,11 @@ pub(super) fn clear_around(bits: &BufferedBits, off: u32, lim_lo: u32, lim_hi: u
 
 /// The bits of the deltas that keep them, each in a slot (`Delta::bits`); slots freed by merged
 /// deltas are reused, so the pool holds as many as were ever kept at once.
-#[derive(Clone, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default)]
 pub(super) struct BitsPool {
+    #[serde(with = "ftlab_core::serde_state::vec_inline")]
     slots: Vec<BufferedBits>,
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     free: Vec<u32>,
 }
 

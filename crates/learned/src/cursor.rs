@@ -10,7 +10,7 @@ use super::GROUP_LPNS;
 /// `lpn + ppn_off` each, or are all unmapped), from the buffer or the compressed layer: sequential
 /// lookups and updates skip the searches. It caches what the table maps, so merges (which change
 /// the representation, not the mapping) leave it valid; an update of an LPN inside it trims it.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, Default)]
 pub(super) struct Span {
     pub(super) lo: u32,
     pub(super) len: u32,
@@ -36,7 +36,7 @@ pub(super) const NO_PPN_OFF: u64 = 0;
 /// (`group::lookup_next`), and where the group's buffered runs after it begin. Forgotten by
 /// every write to the buffer and every merge; kept while a blob changes in place (its layout
 /// stays).
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub(super) struct Follow {
     /// Never at a group's first offset, so 0 means none (forgetting writes just this).
     pub(super) lpn: u32,

@@ -6,7 +6,7 @@ use ftlab_core::ftl::mapping::runs::Run;
 
 /// Buffered updates of one group: offsets `off..off + len` map to `ppn, ppn + 1, ...`, or are
 /// all trimmed (`ppn == TOMBSTONE`). 8 bytes per run.
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub(super) struct DeltaRun {
     pub(super) off: u16,
     pub(super) len: u16,
@@ -51,7 +51,7 @@ impl Run for DeltaRun {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub(super) struct Delta {
     pub(super) group: u32,
     /// LPNs covered by `runs` (at most `GROUP_LPNS`).
@@ -69,6 +69,7 @@ pub(super) struct Delta {
     /// Its slot in `bits_pool` (which offsets `runs` hold), kept once it holds more than
     /// `BITS_ABOVE_RUNS` runs (until then they are scanned); `NO_BITS` before.
     pub(super) bits: u32,
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     pub(super) runs: Vec<DeltaRun>,
 }
 

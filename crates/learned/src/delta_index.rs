@@ -13,9 +13,10 @@ const CHUNK_SHIFT: u32 = 10;
 const CHUNK_GROUPS: usize = 1 << CHUNK_SHIFT;
 const NONE: u32 = u32::MAX;
 
-#[derive(Clone, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default)]
 pub struct DeltaIndex {
     /// Empty, or one entry per chunk of the device's groups.
+    #[serde(with = "ftlab_core::serde_state::boxed_options")]
     chunks: Vec<Option<Box<[u32; CHUNK_GROUPS]>>>,
     n_chunks: usize,
     /// Groups with a delta.

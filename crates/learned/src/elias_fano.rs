@@ -48,14 +48,14 @@ pub(super) fn upper_words(offsets: impl ExactSizeIterator<Item = u16>) -> [u64; 
 }
 
 /// Where `Upper::last_le` stopped: the key's bucket, and how many offsets are in it or before.
-#[derive(Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
 pub(super) struct Bucket {
     h: u32,
     through: usize,
 }
 
 /// The unary part of a list, read from its blob.
-#[derive(Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
 pub(super) struct Upper {
     words: [u64; WORDS],
 }

@@ -11,7 +11,7 @@ pub const SLOPE_FRAC_BITS: u32 = 16;
 pub const SLOPE_MAX_Q16: i64 = 1 << 30;
 const ONE_Q16: i64 = 1 << SLOPE_FRAC_BITS;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// Rank of the segment's first point within its group.
     pub first: u32,
@@ -52,7 +52,7 @@ pub fn close(ys: &[u32], first: usize, len: usize, slope_q16: i32) -> Segment {
 }
 
 /// A rational `num / den` with `den > 0`.
-#[derive(Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
 struct Frac {
     num: i64,
     den: i64,

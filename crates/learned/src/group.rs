@@ -98,7 +98,7 @@ pub(super) fn find_run(
 /// What a lookup learns: the PPN of the offset asked for, and the range `lo..hi` of offsets
 /// around it that continue it (consecutive PPNs, or all unmapped), so that a caller can answer
 /// neighbours without another search.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lookup {
     pub ppn: Option<u32>,
     pub lo: u32,
@@ -112,7 +112,7 @@ pub struct Lookup {
 
 /// A position in a blob, for `lookup_next`: sequential lookups that leave one span enter the
 /// next, and on short runs (pgbench's average 2.6 pages) that was half of all searches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Finger {
     /// The run of mapped offsets (interval of a segment blob, run of a run list) holding the
     /// offset, or the first one after it.
@@ -713,7 +713,7 @@ fn points(runs: &[GroupRun], n: usize, ys: &mut Vec<u32>) {
 }
 
 /// The encodings a blob may take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encoding {
     Runs,
     Segments,

@@ -74,11 +74,12 @@ pub const BUFFER_MAX_ENTRIES: u64 = 1 << 20;
 const MIN_RUNS_GROWTH: usize = 8;
 pub use ftlab_core::ftl::mapping::activity::{GroupEncodings, LearnedActivity, LearnedStats};
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct LearnedMapping {
     groups: GroupStore,
     /// Group -> index in `deltas`, for groups with buffered updates.
     delta_index: DeltaIndex,
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     deltas: Vec<Delta>,
     /// Which offsets each delta of many runs holds (`Delta::bits`).
     bits_pool: BitsPool,

@@ -183,7 +183,7 @@ pub fn check_sparse_tables(
 /// stride`. The layouts put the blocks in groups far apart, over several chunks of the learned
 /// table's delta index and directory (1024 groups each), in devices of up to 400 GiB, or across
 /// group boundaries: what the dense device of the other checks never reaches.
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub struct SparseDevice {
     pub first: u32,
     pub stride: u32,

@@ -117,7 +117,7 @@ fn run_answer(list: &RunList, i: usize, (start, len, ppn): (u32, u32, u32), off:
 }
 
 /// The parsed header of a run list.
-#[derive(Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
 struct RunList {
     n: usize,
     w_len: u32,

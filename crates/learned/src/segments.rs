@@ -34,7 +34,7 @@ use super::GROUP_LPNS;
 pub(super) const HEADER_BYTES: usize = 20;
 
 /// The parsed header of a blob.
-#[derive(Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
 struct Header {
     live: u32,
     n_intervals: usize,

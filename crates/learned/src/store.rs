@@ -30,11 +30,13 @@ const MIN_GARBAGE_BYTES: usize = 4 << 10;
 /// once per some hundred merges there).
 const GARBAGE_DIVISOR: usize = 8;
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 enum Dir {
     /// Group numbers within the chunk (ascending) and their blob positions.
     Sparse {
+        #[serde(with = "ftlab_core::serde_state::keep_capacity")]
         ids: Vec<u16>,
+        #[serde(with = "ftlab_core::serde_state::keep_capacity")]
         slots: Vec<u32>,
     },
     Ranked(Box<Ranked>),
@@ -44,10 +46,11 @@ enum Dir {
 /// A bit per group of the chunk, set where the group has a blob; `before[w]` counts the bits
 /// set in the words before `w`, so a present group's blob position is at `slots[before[w] +
 /// (bits set below it in word w)]`.
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 struct Ranked {
     bits: [u64; RANK_WORDS],
     before: [u16; RANK_WORDS],
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     slots: Vec<u32>,
 }
 
@@ -90,10 +93,12 @@ impl Ranked {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct GroupStore {
     groups: usize,
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     chunks: Vec<Dir>,
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     arena: Vec<u8>,
     garbage_bytes: usize,
     /// The chunks' directory bytes, `form_bytes` summed (what a faster form may add is

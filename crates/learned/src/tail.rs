@@ -14,7 +14,7 @@ use super::*;
 /// buffer's bound is not checked per update (`limit`), so a sequential stream moves the tail's
 /// `lpn` and the cursor's front only. Everything else flushes first; `lookup_slow` adds
 /// `pending` to the run.
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub(crate) struct Tail {
     pub(crate) lpn: u32,
     /// What continues the run (`tail_off`): its PPNs less their LPNs (`ppn_off`), the same for

@@ -154,7 +154,7 @@ pub fn write(runs: &[GroupRun], plan: &Plan, out: &mut Vec<u8>) {
 }
 
 /// One word of a blob: its bitmaps and decoded record.
-#[derive(Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
 struct Word {
     mapped: u64,
     starts: u64,

@@ -14,10 +14,11 @@ const TIME_CHUNK_SHIFT: u32 = 12;
 /// now. Kept only once the table has seen a move (`ftlab mapbench` without GC does not carry
 /// it); a chunk not written since reads as `floor`, the clock then, which skips nothing for
 /// deltas as old.
-#[derive(Clone, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default)]
 pub(super) struct WriteTimes {
     pub(super) on: bool,
     pub(super) floor: u32,
+    #[serde(with = "ftlab_core::serde_state::keep_capacity")]
     pub(super) chunks: Vec<u32>,
 }
 

@@ -14,7 +14,7 @@ use crate::config::GcPolicy;
 use crate::geometry::{Divisor, Geometry};
 use std::collections::VecDeque;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum SuperblockState {
     Free,
@@ -26,7 +26,7 @@ pub enum SuperblockState {
     Victim,
 }
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct BlockManager {
     pages_per_superblock: u32,
     pps: Divisor,
@@ -39,6 +39,7 @@ pub struct BlockManager {
     valid_bits: Vec<u64>,
     erase_count: Vec<u32>,
     /// Per reclaim group.
+    #[serde(with = "crate::serde_state::keep_capacity_nested")]
     free: Vec<VecDeque<u32>>,
     /// Group `g`'s bucket `c` at `g * (pages_per_superblock + 1) + c`.
     bucket_head: Vec<u32>,

@@ -8,7 +8,7 @@ use crate::addr::{Ppn, NO_SUPERBLOCK};
 use crate::flash::{Cause, SHARED_GC_PLACEMENT};
 use crate::request::Placement;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub(super) struct Frontier {
     pub(super) superblock: u32,
     pub(super) next_slot: u32,
@@ -18,7 +18,7 @@ pub(super) struct Frontier {
 
 /// A frontier to program at: its index, the reclaim group its superblocks come from, and the
 /// placement they belong to.
-#[derive(Clone, Copy, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug)]
 pub(super) struct Destination {
     pub(super) index: usize,
     pub(super) group: u8,

@@ -44,6 +44,9 @@ pub enum FtlError {
     NoSuchReclaimGroup { group: u8, groups: u32 },
 }
 
+/// Its whole state serialises (`save`, `load`): a live device's model is checkpointed so, and a
+/// restart replays only the requests after the checkpoint.
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Ftl<M: MappingTable> {
     geometry: Geometry,
     map: M,
@@ -83,7 +86,7 @@ pub struct Ftl<M: MappingTable> {
 
 /// What a power cut costs (`Ftl::power_cut`): the write buffer and the dirty translation pages
 /// programmed on capacitor power.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PowerCut {
     pub buffered_pages: u64,
     pub dirty_translation_pages: u64,
@@ -161,6 +164,12 @@ impl<M: MappingTable> Ftl<M> {
 
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    /// After `Deserialize`: the geometry the configuration computes, in place of the saved one
+    /// (whose precomputed divisors are not saved); the caller checked they describe the same.
+    pub fn restore_geometry(&mut self, geometry: Geometry) {
+        self.geometry = geometry;
     }
 
     pub fn stats(&self) -> &FtlStats {

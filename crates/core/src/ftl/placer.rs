@@ -16,12 +16,14 @@ pub(crate) const TRIMMED: u64 = 1 << 63;
 /// No write yet (the auto policy's history).
 const NEVER: u32 = u32::MAX;
 
+#[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct Placer {
     policy: Policy,
     handles: u32,
     logical_pages: u64,
 }
 
+#[derive(serde::Serialize, serde::Deserialize)]
 enum Policy {
     Host,
     /// Per LPN, the host page write counter at its last write (`NEVER` if none), and the

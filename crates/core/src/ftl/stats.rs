@@ -4,7 +4,7 @@ use crate::flash::{Cause, FlashCounts, MAPPING_PLACEMENT};
 use std::collections::VecDeque;
 
 /// An NVMe FDP event (`nvme fdp events`), as the FTL logs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FdpEvent {
     pub time_ns: u64,
     pub kind: FdpEventKind,
@@ -17,7 +17,7 @@ pub struct FdpEvent {
     pub pages: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FdpEventKind {
     /// A reclaim unit open longer than `fdp.ru_time_limit_ns` was closed unfilled.
     RuTimeLimitExceeded,
@@ -30,7 +30,7 @@ pub const FDP_EVENT_LOG: usize = 64;
 
 /// What the host asked of the FTL and what the FTL did. Flash work is counted once, by cause and
 /// placement, in `flash`; the page counts below it are views of that record.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct FtlStats {
     /// Pages the host asked to write (a partial page counts as one).
     pub host_write_pages: u64,

@@ -19,7 +19,7 @@ use crate::geometry::Divisor;
 /// The end of the dirty list.
 const NO_PAGE: u32 = u32::MAX;
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct TranslationPages {
     entries: Divisor,
     /// Translation page -> where it is on flash (`Ppn::NONE`: never written).
@@ -39,7 +39,7 @@ pub struct TranslationPages {
 }
 
 /// Which translation pages are in DRAM, least recently used first.
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 struct Cache {
     capacity: u32,
     cached: Vec<bool>,
@@ -49,7 +49,7 @@ struct Cache {
 
 /// A doubly linked list over translation page numbers, in flat arrays (no allocation per
 /// change): the dirty pages in victim order, and the cached pages in LRU order.
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 struct PageList {
     prev: Vec<u32>,
     next: Vec<u32>,

@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 const NO_SLOT: u32 = u32::MAX;
 
 /// `Hexa`'s books: slots, each group's list of slots, and groups bucketed by size.
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 struct Groups {
     per_page: Divisor,
     slot_lpn: Vec<Lpn>,
@@ -42,6 +42,7 @@ struct Groups {
     max_count: u32,
     /// Insertions, oldest first, as (slot, seq): stale ones (the slot since freed or reused)
     /// are skipped when read.
+    #[serde(with = "crate::serde_state::keep_capacity")]
     order: VecDeque<(u32, u64)>,
     seq: u64,
     /// A page buffered for more than this many insertions is evicted first (no page starves).
@@ -188,7 +189,7 @@ impl Groups {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct WriteBuffer {
     policy: BufferPolicy,
     capacity_pages: u32,

@@ -1400,57 +1400,104 @@ fn a_killed_durable_server_keeps_every_flushed_write() {
     );
 }
 
-/// The FTL model after a crash is the model before it: the device is dropped without its
-/// shutdown (the directory as a kill leaves it) after writes, overwrites that make GC work,
-/// trims, reads, flushes and a checkpoint with cleaning in the middle; the device reopened on
-/// the directory replays every request the model saw (the archived ones and the log's tail)
+/// The FTL model after a crash is the model before it, for every mapping table (and with
+/// translation pages on flash and a write buffer): the device is dropped without its shutdown
+/// (the directory as a kill leaves it) after writes, overwrites that make GC work, trims,
+/// reads, flushes and a checkpoint (the model saved with it) with cleaning in the middle; the
+/// device reopened on the directory restores the saved model, replays the requests after it
 /// and reports, figure for figure, what the first did.
 #[test]
 fn the_model_after_a_crash_reports_what_it_did_before() {
-    let dir = temp_dir("replay");
-    let c = small_config();
-    let options = || DeviceOptions {
-        data: Some(dir.join("data")),
-        checkpoint_every_bytes: 256 << 10,
-        // This test calls `maintain` itself, once, and counts it.
-        maintenance: ftlab_device::Maintenance::Manual,
-        ..options()
-    };
-    let device = Arc::new(Device::new(&c, options()).unwrap());
-    let (mut client, h, _) = open_export(&device, "ftlab");
-    let mut rng = SplitMix64::new(5);
-    let pages = SIZE / 4096;
-    let mut checkpoints = 0;
-    for i in 0..16000u64 {
-        let lpn = rng.bounded(pages - 4);
-        let r = rng.bounded(20);
-        let err = if r == 0 {
-            client.request(p::CMD_TRIM, 0, lpn * 4096, 4096 * 4, &[]).0
-        } else if r < 3 {
-            client.request(p::CMD_READ, 0, lpn * 4096, 4096, &[]).0
-        } else {
-            let data: Vec<u8> = (0..16384u64).map(|b| (b / 512 + i) as u8).collect();
-            client.request(p::CMD_WRITE, 0, lpn * 4096, 16384, &data).0
+    for (k, sets) in [
+        &["ftl.mapping=flat"][..],
+        &["ftl.mapping=hash"],
+        &["ftl.mapping=extent"],
+        &["ftl.mapping=learned"],
+        &["ftl.protected_ratio=0.25", "ftl.write_buffer_mib=1"],
+        &[
+            "ftl.mapping_cache_bytes=8192",
+            "ftl.protected_ratio=0.5",
+            "ftl.write_buffer_mib=1",
+            "ftl.buffer_policy=hexa",
+            "ftl.gc_policy=cost_benefit",
+        ],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = temp_dir("replay");
+        let mut all = vec![
+            "flash.blocks_per_die=4",
+            "flash.superblock_dies=1",
+            "capacity.logical_bytes=67108864",
+        ];
+        all.extend_from_slice(sets);
+        let c = config("femu", &all);
+        let options = || DeviceOptions {
+            data: Some(dir.join("data")),
+            checkpoint_every_bytes: 256 << 10,
+            // This test calls `maintain` itself, once, and counts it.
+            maintenance: ftlab_device::Maintenance::Manual,
+            ..options()
         };
-        assert_eq!(err, 0);
-        if i % 64 == 63 {
-            assert_eq!(client.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+        let device = Arc::new(Device::new(&c, options()).unwrap());
+        let (mut client, h, _) = open_export(&device, "ftlab");
+        let mut rng = SplitMix64::new(5 + k as u64);
+        let pages = SIZE / 4096;
+        let mut checkpoints = 0;
+        for i in 0..16000u64 {
+            let lpn = rng.bounded(pages - 4);
+            let r = rng.bounded(20);
+            let err = if r == 0 {
+                client.request(p::CMD_TRIM, 0, lpn * 4096, 4096 * 4, &[]).0
+            } else if r < 3 {
+                client.request(p::CMD_READ, 0, lpn * 4096, 4096, &[]).0
+            } else {
+                let data: Vec<u8> = (0..16384u64).map(|b| (b / 512 + i) as u8).collect();
+                client.request(p::CMD_WRITE, 0, lpn * 4096, 16384, &data).0
+            };
+            assert_eq!(err, 0);
+            if i % 64 == 63 {
+                assert_eq!(client.request(p::CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+            }
+            if i == 8000 {
+                checkpoints += u32::from(device.maintain().is_some());
+            }
         }
-        if i == 8000 {
-            checkpoints += u32::from(device.maintain().is_some());
-        }
+        assert_eq!(checkpoints, 1);
+        client.disconnect();
+        h.join().unwrap().unwrap();
+        let at = 1 << 50;
+        let before = device.model_report_json(at);
+        assert!(
+            before["erases"].as_u64().unwrap() > 0,
+            "{sets:?}: no GC: {before}"
+        );
+        // No `finish`: as a kill leaves it (every record was written; nothing drained).
+        drop(device);
+        let again = Device::new(&c, options()).unwrap();
+        let summary = again.recovery_summary().unwrap();
+        assert!(
+            summary.contains("restored the FTL model's saved state"),
+            "{summary}"
+        );
+        let replayed = again.stats_json()["durable"]["recovered_requests"].clone();
+        assert!(
+            replayed.as_u64().unwrap() < 16000,
+            "{sets:?}: replayed {replayed}"
+        );
+        assert_eq!(again.model_report_json(at), before, "{sets:?}");
+        drop(again);
+        // Without the saved state the requests before it are gone (the archive holds only
+        // what followed): the device starts all the same, saying so.
+        std::fs::remove_file(dir.join("data").join("model.state")).unwrap();
+        let without = Device::new(&c, options()).unwrap();
+        let summary = without.recovery_summary().unwrap();
+        assert!(
+            summary.contains("WARNING") && summary.contains("saved state (model.state) is missing"),
+            "{summary}"
+        );
     }
-    assert_eq!(checkpoints, 1);
-    client.disconnect();
-    h.join().unwrap().unwrap();
-    let at = 1 << 50;
-    let before = device.model_report_json(at);
-    assert!(before["erases"].as_u64().unwrap() > 0, "no GC: {before}");
-    // No `finish`: as a kill leaves it (every record was written; nothing drained).
-    drop(device);
-    let again = Device::new(&c, options()).unwrap();
-    assert!(again.recovery_summary().unwrap().contains("model requests"));
-    assert_eq!(again.model_report_json(at), before);
 }
 
 /// Bytes of the files directly in `dir` (what `du` counts of a device directory).

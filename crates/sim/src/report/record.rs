@@ -44,13 +44,55 @@ pub struct SeriesPlacement {
     pub media_pages: u64,
 }
 
-/// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits).
-#[derive(Clone, Debug)]
+/// One latency histogram per operation (1 ns .. 1 hour, 3 significant digits). Saved as each
+/// histogram's (value, count) pairs: recording each pair's value again lands in the same
+/// bucket, so a restored histogram reports what the saved one did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(into = "SavedHistograms", try_from = "SavedHistograms")]
 pub struct OpHistograms {
     pub(crate) read: Histogram<u64>,
     pub(crate) write: Histogram<u64>,
     pub(crate) trim: Histogram<u64>,
     pub(crate) flush: Histogram<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedHistograms([Vec<(u64, u64)>; 4]);
+
+impl From<OpHistograms> for SavedHistograms {
+    fn from(h: OpHistograms) -> Self {
+        let pairs = |h: &Histogram<u64>| {
+            h.iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect()
+        };
+        SavedHistograms([
+            pairs(&h.read),
+            pairs(&h.write),
+            pairs(&h.trim),
+            pairs(&h.flush),
+        ])
+    }
+}
+
+impl TryFrom<SavedHistograms> for OpHistograms {
+    type Error = String;
+    fn try_from(s: SavedHistograms) -> Result<Self, String> {
+        let mut out = OpHistograms::default();
+        let [r, w, t, f] = s.0;
+        for (h, pairs) in [
+            (&mut out.read, r),
+            (&mut out.write, w),
+            (&mut out.trim, t),
+            (&mut out.flush, f),
+        ] {
+            for (value, count) in pairs {
+                h.record_n(value, count)
+                    .map_err(|e| format!("a latency of {value} ns: {e:?}"))?;
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Default for OpHistograms {
@@ -99,6 +141,7 @@ impl OpHistograms {
     }
 }
 
+#[derive(Serialize, Deserialize)]
 pub struct Recorder {
     pub(crate) latency: OpHistograms,
     pub(crate) read_bytes: u64,

@@ -6,6 +6,10 @@ use super::*;
 /// What a checkpoint file holds.
 pub(super) struct Checkpoint {
     pub(super) at: Position,
+    /// The model's requests before the first in `model.log`: those the model's saved state
+    /// (`model.state`) covers (0 in version 1, which had no such state).
+    pub(super) model_base: u64,
+    /// Requests in `model.log`.
     pub(super) model_entries: u64,
     pub(super) volumes: Volumes,
 }
@@ -26,6 +30,7 @@ pub(super) fn encode_checkpoint(c: &Checkpoint, page_bytes: usize) -> Vec<u8> {
         c.model_entries,
         c.volumes.pages,
         page_bytes as u64,
+        c.model_base,
     ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -125,6 +130,7 @@ pub(super) fn decode_checkpoint(
         *v = u64_(take(8)?);
     }
     let [segment, offset, seq, model_entries, ck_pages, ck_page_bytes] = h;
+    let model_base = if version >= 2 { u64_(take(8)?) } else { 0 };
     if (ck_pages, ck_page_bytes) != (pages, page_bytes as u64) {
         return Err(CheckpointDamage::OtherDevice {
             pages: ck_pages,
@@ -264,6 +270,7 @@ pub(super) fn decode_checkpoint(
             offset: offset as usize,
             seq,
         },
+        model_base,
         model_entries,
         volumes,
     })
@@ -345,6 +352,7 @@ impl DataDir {
             .map_err(io(&model_path))?;
         let ck = Checkpoint {
             at,
+            model_base: self.model_base,
             model_entries: self.model_entries + self.pending.len() as u64,
             volumes: self.volumes.clone(),
         };
@@ -358,6 +366,24 @@ impl DataDir {
         self.stats.checkpoint_bytes += bytes.len() as u64;
         self.stats.model_bytes += buf.len() as u64;
         Ok(())
+    }
+
+    /// A checkpoint with the FTL model's saved state `state` (the owner's bytes, covering every
+    /// request logged so far): `model.state` replaced first, then the archive emptied and the
+    /// checkpoint written. A restart restores the state and replays only what follows, and
+    /// `model.log` no longer grows for ever. A crash between the two finds the state covering
+    /// more than the old checkpoint's archive, and uses it (`model_log::choose`).
+    pub fn checkpoint_with_model(&mut self, state: &[u8]) -> Result<(), LogError> {
+        self.commit()?;
+        let covered = self.model_base + self.model_entries + self.pending.len() as u64;
+        let bytes = model_log::encode_model_state(covered, state);
+        write_atomically(&self.dir.join(MODEL_STATE_FILE), &bytes).map_err(atomic)?;
+        self.stats.model_bytes += bytes.len() as u64;
+        self.model_base = covered;
+        self.model_entries = 0;
+        self.model_len = log::SEGMENT_HEADER_BYTES as u64;
+        self.pending.clear();
+        self.checkpoint()
     }
 
     /// Bytes appended to the log since the last checkpoint.

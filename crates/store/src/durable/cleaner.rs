@@ -82,7 +82,11 @@ impl DataDir {
                 if name.starts_with("seg-") && name.ends_with(".log") {
                     segments += 1;
                 }
-                if name.starts_with("seg-") || name == CHECKPOINT_FILE || name == MODEL_FILE {
+                if name.starts_with("seg-")
+                    || name == CHECKPOINT_FILE
+                    || name == MODEL_FILE
+                    || name == MODEL_STATE_FILE
+                {
                     disk += e.metadata().map_or(0, |m| m.len());
                 }
             }

@@ -58,7 +58,7 @@ use checkpoint::decode_checkpoint;
 pub use checkpoint::decode_checkpoint_bytes;
 pub use error::{CheckpointDamage, DurableError, ReplayError};
 pub use loc_map::LocMap;
-pub use model_log::{model_op, ModelRequest};
+pub use model_log::{model_op, ModelRequest, MODEL_STATE_FILE};
 pub use salvage::{DamagedPage, Verified};
 pub use volumes::{check_volume_name, Volume, VolumeInfo, VolumeKind, Volumes, NAME_RULE};
 
@@ -87,7 +87,11 @@ pub struct DiskStats {
 /// What opening a directory found.
 #[derive(Debug, Default)]
 pub struct Opened {
-    /// Every request the FTL model saw, in order: replay them to rebuild it.
+    /// The FTL model's saved state (`checkpoint_with_model`), when there is one: restore it,
+    /// then replay `requests`.
+    pub model_state: Option<Vec<u8>>,
+    /// Every request the FTL model saw after its saved state (all of them without one), in
+    /// order: replay them to rebuild it.
     pub requests: Vec<ModelRequest>,
     /// Log records read after the checkpoint.
     pub replayed_records: u64,
@@ -218,6 +222,8 @@ pub struct DataDir {
     volumes: Volumes,
     /// Requests since the checkpoint, archived in `model.log` at the next.
     pending: Vec<ModelRequest>,
+    /// The model's requests before `model.log`'s first: those `model.state` covers.
+    model_base: u64,
     /// Requests in `model.log` the checkpoint counts, and the bytes they end at.
     model_entries: u64,
     model_len: u64,
@@ -391,9 +397,9 @@ impl DataDir {
                  restore it from a backup",
             ));
         }
-        let (at, model_entries, mut volumes) = match checkpoint {
-            Some(c) => (c.at, c.model_entries, c.volumes),
-            None => (Position::START, 0, Volumes::new(pages)),
+        let (at, model_base, model_entries, mut volumes) = match checkpoint {
+            Some(c) => (c.at, c.model_base, c.model_entries, c.volumes),
+            None => (Position::START, 0, 0, Volumes::new(pages)),
         };
         // Every segment the checkpoint references must be there.
         for &segment in volumes.live_bytes.keys() {
@@ -407,18 +413,21 @@ impl DataDir {
         // The model's archive, up to what the checkpoint counts; what of it is damaged costs
         // the model's exactness, never the data.
         let archive = model_log::read_archive(&dir.join(MODEL_FILE), model_entries);
-        let mut requests = archive.requests;
-        let model_len = archive.len_bytes;
-        let model_entries = requests.len() as u64;
-        let archived = requests.len();
+        let mut tail_requests = Vec::new();
         let recovered = recover_from(dir, at, &mut |r: &Record| {
             if r.kind == Kind::Request {
-                requests.push(ModelRequest::of(r)?);
+                tail_requests.push(ModelRequest::of(r)?);
             }
             // The segment: where the scan is (records of a segment come together).
             volumes.apply(r, r.segment)
         })?;
-        let pending = requests[archived..].to_vec();
+        let model = model_log::choose(
+            model_log::read_model_state(&dir.join(MODEL_STATE_FILE)),
+            model_base,
+            model_entries,
+            archive,
+            tail_requests,
+        );
         // The directory holds this device (the checkpoint, if any, said the same geometry).
         if made.is_none() && !read_only {
             write_atomically(
@@ -438,21 +447,23 @@ impl DataDir {
             open: Mutex::default(),
         });
         let opened = Opened {
-            requests,
+            requests: model.requests,
+            model_state: model.state,
             replayed_records: recovered.replayed,
             checkpoint_seq: at.seq - 1,
             dropped_bytes: recovered.dropped_bytes,
             dropped_why: recovered.dropped_why,
-            model_damage: archive.damage,
+            model_damage: model.damage,
         };
         let mut data = DataDir {
             dir: dir.to_path_buf(),
             page_bytes,
             writer,
             volumes,
-            pending,
-            model_entries,
-            model_len,
+            pending: model.pending,
+            model_base: model.base,
+            model_entries: model.entries,
+            model_len: model.len_bytes,
             checkpoint_at: at,
             files,
             stats: DiskStats::default(),
@@ -470,6 +481,15 @@ impl DataDir {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => *why += &format!("; not copied aside ({e})"),
             }
+            // From now on the archive is the model's whole history: a restart rebuilds from it
+            // what this open did (an owner that has the model saves it at once, as the device
+            // does). The saved state, damaged or not, is set aside.
+            let state = dir.join(MODEL_STATE_FILE);
+            let state_aside = dir.join(format!("{MODEL_STATE_FILE}.damaged"));
+            if state.exists() {
+                std::fs::rename(&state, &state_aside).map_err(io(&state))?;
+            }
+            data.model_base = 0;
             data.checkpoint()?;
         }
         data.refresh_disk_stats();

@@ -118,3 +118,142 @@ pub(super) fn read_archive(path: &Path, counted: u64) -> Archive {
     }
     archive
 }
+
+/// The FTL model's saved state: the owner's bytes (`DataDir::checkpoint_with_model`) and the
+/// count of model requests it covers, checksummed.
+pub const MODEL_STATE_FILE: &str = "model.state";
+const MODEL_STATE_MAGIC: &[u8; 8] = b"FTLABMST";
+
+pub(super) fn encode_model_state(covered: u64, state: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(state.len() + 40);
+    out.extend_from_slice(MODEL_STATE_MAGIC);
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&covered.to_le_bytes());
+    out.extend_from_slice(&(state.len() as u64).to_le_bytes());
+    out.extend_from_slice(state);
+    let sum = twox_hash::XxHash3_64::oneshot(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// `model.state` read back: (requests covered, the owner's bytes), or why not. Never panics.
+pub(super) fn read_model_state(path: &Path) -> Result<Option<(u64, Vec<u8>)>, String> {
+    let mut bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let bad = |why: &str| Err(format!("{}: {why}", path.display()));
+    if bytes.len() < 40 || &bytes[..8] != MODEL_STATE_MAGIC {
+        return bad("not an ftlab model state");
+    }
+    let n = bytes.len() - 8;
+    if twox_hash::XxHash3_64::oneshot(&bytes[..n]).to_le_bytes() != bytes[n..] {
+        return bad("checksum mismatch");
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    if u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) != 1 {
+        return bad("a version this ftlab does not read");
+    }
+    let covered = u64_at(16);
+    let len = u64_at(24);
+    if len != (n - 32) as u64 {
+        return bad("a length that is not the file's");
+    }
+    bytes.truncate(n);
+    Ok(Some((covered, bytes.split_off(32))))
+}
+
+/// What the model is rebuilt from, and where the archive stands (`DataDir::open`).
+pub(super) struct Chosen {
+    pub(super) state: Option<Vec<u8>>,
+    /// The requests to replay after `state` (all, without one).
+    pub(super) requests: Vec<ModelRequest>,
+    pub(super) damage: Option<String>,
+    /// The directory's account: requests logged since the checkpoint still to archive, the
+    /// requests before `model.log`'s first, those in it and the byte they end at.
+    pub(super) pending: Vec<ModelRequest>,
+    pub(super) base: u64,
+    pub(super) entries: u64,
+    pub(super) len_bytes: u64,
+}
+
+/// Chooses how the model is rebuilt: from its saved state `state` (covering that many requests)
+/// and the requests after it, when they are all known; else from every request known. Requests
+/// are numbered from the first the model ever took: `model.log` holds `counted` of them from
+/// `base` (`archive`, what of them verifies), the log after the checkpoint `tail` from
+/// `base + counted`.
+pub(super) fn choose(
+    state: Result<Option<(u64, Vec<u8>)>, String>,
+    base: u64,
+    counted: u64,
+    archive: Archive,
+    tail: Vec<ModelRequest>,
+) -> Chosen {
+    let header = log::SEGMENT_HEADER_BYTES as u64;
+    let kept = archive.requests.len() as u64;
+    let tail_base = base + counted;
+    let tail_end = tail_base + tail.len() as u64;
+    let mut note = None;
+    match state {
+        // It covers the archive and part of the tail (a crash came between the state and the
+        // checkpoint after it, or none did): `model.log` is not needed.
+        Ok(Some((n, bytes))) if (tail_base..=tail_end).contains(&n) => {
+            let after = tail[(n - tail_base) as usize..].to_vec();
+            return Chosen {
+                state: Some(bytes),
+                requests: after.clone(),
+                damage: None,
+                pending: after,
+                base: n,
+                entries: 0,
+                len_bytes: header,
+            };
+        }
+        // It covers part of the archive: the rest of it and the tail follow.
+        Ok(Some((n, bytes))) if n >= base && n - base <= kept => {
+            let mut requests = archive.requests[(n - base) as usize..].to_vec();
+            requests.extend_from_slice(&tail);
+            return Chosen {
+                state: Some(bytes),
+                requests,
+                damage: archive.damage,
+                pending: tail,
+                base,
+                entries: kept,
+                len_bytes: archive.len_bytes,
+            };
+        }
+        Ok(Some((n, _))) => {
+            note = Some(format!(
+                "covers {n} requests where the archive and the log hold {base}..{tail_end}"
+            ))
+        }
+        Ok(None) => {}
+        Err(why) => note = Some(why),
+    }
+    let mut damage = archive.damage;
+    if base > 0 {
+        let lost = format!(
+            "the model's saved state ({MODEL_STATE_FILE}) {}: the {base} requests before \
+             model.log's first are known only to it",
+            note.as_deref().unwrap_or("is missing")
+        );
+        damage = Some(match damage {
+            Some(d) => format!("{lost}; {d}"),
+            None => lost,
+        });
+    }
+    let mut requests = archive.requests;
+    requests.extend_from_slice(&tail);
+    Chosen {
+        state: None,
+        requests,
+        damage,
+        pending: tail,
+        base,
+        entries: kept,
+        len_bytes: archive.len_bytes,
+    }
+}

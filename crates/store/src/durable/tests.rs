@@ -421,13 +421,14 @@ fn a_checkpoint_with_an_absurd_length_is_refused() {
     volumes.set(0, 3, Loc::new(0, 64, 40));
     let c = Checkpoint {
         at: Position::START,
+        model_base: 0,
         model_entries: 0,
         volumes,
     };
     let mut bytes = encode_checkpoint(&c, PAGE);
     assert!(decode_checkpoint(&bytes, PAGES, PAGE).is_ok());
-    // The first chunk's packed length: after the 68-byte header and the count of chunks.
-    let at = 68 + 4;
+    // The first chunk's packed length: after the 76-byte header and the count of chunks.
+    let at = 76 + 4;
     bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     let n = bytes.len() - 8;
     let sum = twox_hash::XxHash3_64::oneshot(&bytes[..n]);

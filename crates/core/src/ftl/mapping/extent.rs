@@ -8,7 +8,7 @@ use super::MappingTable;
 
 const CHUNK_RUNS: usize = 512;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
     pub lpn: u32,
     pub ppn: u32,
@@ -34,10 +34,12 @@ impl Run for Extent {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default)]
 pub struct ExtentMapping {
     /// First LPN of each chunk's first run, ascending.
+    #[serde(with = "crate::serde_state::keep_capacity")]
     first_lpn: Vec<u32>,
+    #[serde(with = "crate::serde_state::keep_capacity_nested")]
     chunks: Vec<Vec<Extent>>,
     live: u64,
     /// The chunks' capacities in bytes (so the heap is known in O(1) after each update).

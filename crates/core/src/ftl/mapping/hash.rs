@@ -5,7 +5,8 @@ use super::MappingTable;
 use crate::heap::hashbrown_bytes;
 use rustc_hash::FxHashMap;
 
-#[derive(Clone, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default)]
+#[serde(into = "SavedHash", from = "SavedHash")]
 pub struct HashMapping {
     ppn_of_lpn: FxHashMap<u32, u32>,
     /// The largest `capacity()` since the table last grew or shrank: its buckets' capacity.
@@ -19,6 +20,40 @@ pub struct HashMapping {
 impl HashMapping {
     pub fn new() -> Self {
         Self::default()
+    }
+}
+
+/// A `HashMapping` as saved: its entries in the table's order and its capacities, so that a
+/// restored table has the same buckets (its memory is reported from them) and grows as the
+/// saved one would have. Tombstones are not saved: a restored table has none, so a later
+/// in-place rehash may come at another time; it changes no bucket count, only slots.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedHash {
+    entries: Vec<(u32, u32)>,
+    full_capacity: usize,
+    peak_bytes: usize,
+}
+
+impl From<HashMapping> for SavedHash {
+    fn from(h: HashMapping) -> Self {
+        SavedHash {
+            entries: h.ppn_of_lpn.iter().map(|(&l, &p)| (l, p)).collect(),
+            full_capacity: h.full_capacity.max(h.ppn_of_lpn.capacity()),
+            peak_bytes: h.peak_bytes,
+        }
+    }
+}
+
+impl From<SavedHash> for HashMapping {
+    fn from(s: SavedHash) -> Self {
+        let mut ppn_of_lpn =
+            FxHashMap::with_capacity_and_hasher(s.full_capacity, Default::default());
+        ppn_of_lpn.extend(s.entries);
+        HashMapping {
+            full_capacity: s.full_capacity.max(ppn_of_lpn.capacity()),
+            ppn_of_lpn,
+            peak_bytes: s.peak_bytes,
+        }
     }
 }
 

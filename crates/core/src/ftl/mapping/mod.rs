@@ -109,7 +109,7 @@ pub use hash::HashMapping;
 const UNMAPPED: u32 = u32::MAX;
 
 /// One u32 per logical page: 4 bytes x capacity / page size, the DRAM a page-level FTL needs.
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct FlatMapping {
     ppn_of_lpn: Vec<u32>,
     live: u64,

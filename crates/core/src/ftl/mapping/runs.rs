@@ -261,7 +261,7 @@ mod tests {
     use crate::rng::SplitMix64;
     use std::collections::BTreeMap;
 
-    #[derive(Clone, Copy, Debug, PartialEq)]
+    #[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq)]
     struct R(u32, u32, u32);
     impl Run for R {
         fn start(&self) -> u32 {
