@@ -244,3 +244,95 @@ pub mod keep_capacity_nested {
         Ok(with_capacity(capacity, v.into_iter().map(|In(x)| x)))
     }
 }
+
+/// A fixed-width number an array of which is saved as one byte string (`words`).
+pub trait Word: Copy {
+    const BYTES: usize;
+    /// Into exactly `BYTES` bytes.
+    fn put(self, out: &mut [u8]);
+    fn take(bytes: &[u8]) -> Self;
+}
+
+macro_rules! word {
+    ($t:ty, $n:literal, $to:expr, $from:expr) => {
+        impl Word for $t {
+            const BYTES: usize = $n;
+            #[inline(always)]
+            fn put(self, out: &mut [u8]) {
+                out.copy_from_slice(&$to(self));
+            }
+            #[inline(always)]
+            fn take(bytes: &[u8]) -> Self {
+                $from(bytes.try_into().expect("a word's bytes"))
+            }
+        }
+    };
+}
+word!(u32, 4, u32::to_le_bytes, u32::from_le_bytes);
+word!(u64, 8, u64::to_le_bytes, u64::from_le_bytes);
+word!(
+    crate::addr::Lpn,
+    4,
+    |l: crate::addr::Lpn| l.get().to_le_bytes(),
+    |b| crate::addr::Lpn::new(u32::from_le_bytes(b))
+);
+word!(
+    crate::addr::Ppn,
+    4,
+    |p: crate::addr::Ppn| p.get().to_le_bytes(),
+    |b| crate::addr::Ppn::new(u32::from_le_bytes(b))
+);
+
+/// `#[serde(with = "ftlab_core::serde_state::words")]` on a large `Vec` of numbers (a table of
+/// every physical or logical page): saved as its capacity and one little-endian byte string,
+/// which a binary format copies whole. Element by element, the reverse map of a 16 GiB device
+/// took most of a checkpoint's time.
+pub mod words {
+    use super::*;
+
+    #[allow(clippy::ptr_arg)]
+    pub fn serialize<S: Serializer, T: Word>(v: &Vec<T>, s: S) -> Result<S::Ok, S::Error> {
+        struct Bytes<'a, T>(&'a [T]);
+        impl<T: Word> Serialize for Bytes<'_, T> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                // Into chunks of a buffer made whole first: a loop the compiler turns into copies.
+                let mut out = vec![0u8; self.0.len() * T::BYTES];
+                for (&w, chunk) in self.0.iter().zip(out.chunks_exact_mut(T::BYTES)) {
+                    w.put(chunk);
+                }
+                s.serialize_bytes(&out)
+            }
+        }
+        (v.capacity(), Bytes(v)).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Word>(d: D) -> Result<Vec<T>, D::Error> {
+        struct Bytes(Vec<u8>);
+        impl<'de> Deserialize<'de> for Bytes {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = Vec<u8>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("bytes")
+                    }
+                    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                        Ok(v.to_vec())
+                    }
+                    fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                        Ok(v)
+                    }
+                }
+                d.deserialize_byte_buf(V).map(Bytes)
+            }
+        }
+        let (capacity, Bytes(bytes)) = <(usize, Bytes)>::deserialize(d)?;
+        if !bytes.len().is_multiple_of(T::BYTES) {
+            return Err(D::Error::invalid_length(bytes.len(), &"whole words"));
+        }
+        Ok(with_capacity(
+            capacity,
+            bytes.chunks_exact(T::BYTES).map(T::take),
+        ))
+    }
+}

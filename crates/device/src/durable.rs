@@ -2,14 +2,14 @@
 //! at FLUSH and FUA, recovery (the model's requests replayed), checkpoints and the cleaner,
 //! and the volumes (snapshots and clones) made and deleted on it.
 
-use crate::options::LOG_SEGMENT_BYTES;
+use crate::options::log_segment_bytes;
 use crate::CommandKind;
 use crate::{
     Device, DeviceError, DeviceOptions, Durability, IoError, Placement, State, VolumeError,
 };
 use ftlab_core::request::{Op, Request as FtlRequest};
 use ftlab_sim::ConfiguredFtl;
-use ftlab_store::durable::{DataDir, DirOptions, VolumeKind};
+use ftlab_store::durable::{DataDir, DirOptions, PackedModel, VolumeKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -188,13 +188,19 @@ impl Durable {
             return None;
         }
         let started = Instant::now();
-        let s = state.lock().unwrap_or_else(|p| p.into_inner());
-        let model = self.save_model(&s);
+        // The model's lock only while it is serialised, the directory's not while it is
+        // compressed: requests wait for neither longer than they must.
+        let (model, covered) = {
+            let s = state.lock().unwrap_or_else(|p| p.into_inner());
+            let covered = self.lock().model_requests();
+            (self.save_model(&s), covered)
+        };
+        let packed = PackedModel::pack(&model);
+        drop(model);
         let mut data = self.lock();
         let result = data
-            .checkpoint_with_model(&model)
-            .and_then(|()| data.clean(0.5));
-        drop(s);
+            .checkpoint_with_model(&packed, covered)
+            .and_then(|_| data.clean(0.5));
         // Everything before the checkpoint is durable now.
         let seq = data.last_seq();
         self.synced_seq.fetch_max(seq, Ordering::AcqRel);
@@ -289,7 +295,7 @@ impl Device {
                 pages: geometry.logical_pages,
                 page_bytes,
                 read_only: options.read_only,
-                segment_bytes: LOG_SEGMENT_BYTES,
+                segment_bytes: log_segment_bytes(geometry.logical_pages * page_bytes as u64),
             },
         )
         .map_err(log_error)?;
@@ -368,7 +374,9 @@ impl Device {
         // restores it rather than rebuilding another.
         let mut data = data;
         if model_damage.is_some() && !options.read_only {
-            data.checkpoint_with_model(&model_bytes(config_hash, state))
+            let covered = data.model_requests();
+            let packed = PackedModel::pack(&model_bytes(config_hash, state));
+            data.checkpoint_with_model(&packed, covered)
                 .map_err(log_error)?;
         }
         let synced = data.last_seq();
@@ -379,7 +387,11 @@ impl Device {
                 syncs: AtomicU64::new(0),
                 mode: options.durability,
                 dir: dir.to_path_buf(),
-                checkpoint_every_bytes: options.checkpoint_every_bytes,
+                checkpoint_every_bytes: options.checkpoint_every_bytes.unwrap_or_else(|| {
+                    crate::default_checkpoint_every_bytes(
+                        geometry.logical_pages * geometry.page_size_bytes as u64,
+                    )
+                }),
                 recovered_records: opened.replayed_records,
                 replayed_requests: opened.requests.len() as u64,
                 checkpoint_seq: opened.checkpoint_seq,

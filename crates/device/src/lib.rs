@@ -349,8 +349,10 @@ impl Device {
                 // The model saved with it, so the next start replays nothing; the cleaner too:
                 // a user who opens and closes the device often (the SQLite VFS) may never log
                 // enough between for the background checkpoint.
-                data.checkpoint_with_model(&d.save_model(&s))
-                    .and_then(|()| data.clean(0.5))
+                let covered = data.model_requests();
+                let packed = ftlab_store::durable::PackedModel::pack(&d.save_model(&s));
+                data.checkpoint_with_model(&packed, covered)
+                    .and_then(|_| data.clean(0.5))
                     .map_err(failed)?;
             }
         }

@@ -15,8 +15,12 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
 /// Whole pages from which a request alone in flight goes to the store as one parallel batch.
 pub const BATCH_PAGES: usize = 8;
 
-/// A device log segment is closed and a new one started past this size.
-pub(crate) const LOG_SEGMENT_BYTES: usize = 32 << 20;
+/// A device log segment is closed and a new one started past this size: a sixteenth of the
+/// device, within [1 MiB, 32 MiB], so that a small device's log is cleaned finely enough to stay
+/// near its size and a large one's keeps few files.
+pub(crate) fn log_segment_bytes(device_bytes: u64) -> usize {
+    ((device_bytes / 16).clamp(1 << 20, 32 << 20) as usize).next_multiple_of(1 << 20)
+}
 
 /// How replies are timed.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,8 +73,9 @@ pub struct DeviceOptions {
     pub data: Option<std::path::PathBuf>,
     pub durability: Durability,
     /// With `data`: a checkpoint once this many bytes were logged since the last (and at a
-    /// clean shutdown); the cleaner runs after each.
-    pub checkpoint_every_bytes: u64,
+    /// clean shutdown); the cleaner runs after each. `None`: by the device's size
+    /// (`default_checkpoint_every_bytes`).
+    pub checkpoint_every_bytes: Option<u64>,
     /// With `data`, writable: who runs the checkpoints and the cleaner.
     pub maintenance: Maintenance,
     /// With `data`: the cache of decompressed pages in front of snapshot and clone reads.

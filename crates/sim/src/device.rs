@@ -270,7 +270,10 @@ mod tests {
             };
             let (a, b) = (json(&ftl, &recorder), json(&loaded, &loaded_recorder));
             assert!(a["erases"].as_u64().unwrap() > 0, "{sets:?}: no GC");
-            if sets.iter().any(|s| s.starts_with("ftl.mapping_cache_bytes")) {
+            if sets
+                .iter()
+                .any(|s| s.starts_with("ftl.mapping_cache_bytes"))
+            {
                 let map_reads = a["traffic"]["map_read_pages"].as_u64().unwrap();
                 assert!(map_reads > 0, "{sets:?}: the mapping cache never missed");
             }

@@ -68,7 +68,7 @@ impl Dev {
                 read_only: false,
                 data: dir.clone(),
                 durability: ftlab_device::Durability::Flush,
-                checkpoint_every_bytes: ftlab_device::default_checkpoint_every_bytes(size_bytes),
+                checkpoint_every_bytes: None,
                 maintenance: ftlab_device::Maintenance::default(),
                 cache_bytes: 16 << 20,
                 cache_policy: Default::default(),

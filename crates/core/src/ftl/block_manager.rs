@@ -35,7 +35,9 @@ pub struct BlockManager {
     stream: Vec<u8>,
     /// Each superblock's reclaim group.
     group: Vec<u8>,
+    #[serde(with = "crate::serde_state::words")]
     valid_count: Vec<u32>,
+    #[serde(with = "crate::serde_state::words")]
     valid_bits: Vec<u64>,
     erase_count: Vec<u32>,
     /// Per reclaim group.

@@ -51,6 +51,7 @@ pub struct Ftl<M: MappingTable> {
     geometry: Geometry,
     map: M,
     /// ppn -> lpn of the data last programmed there; meaningful only where the page is valid.
+    #[serde(with = "crate::serde_state::words")]
     lpn_of_ppn: Vec<Lpn>,
     blocks: BlockManager,
     /// Reclaim group `g`'s frontiers from `g * frontiers_per_group`: handle `h`'s at `2h` (its

@@ -112,9 +112,10 @@ pub struct ServeArgs {
     /// With --data: write a checkpoint (the maps of every volume; recovery replays only the log
     /// after it) each time this much was logged since the last, and at a clean shutdown; the
     /// cleaner then deletes segments no volume needs, copying out the live records of those at
-    /// most half live. Bytes, or with K/M/G/T; at least 1M.
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
-    pub checkpoint_every: u64,
+    /// most half live. Bytes, or with K/M/G/T; at least 1M. Default: a quarter of the
+    /// device's size, within 16M..256M.
+    #[arg(long, value_parser = parse_size)]
+    pub checkpoint_every: Option<u64>,
     /// With --data: memory for decompressed pages read from the log (the device's, its
     /// snapshots' and clones'), bytes or with K/M/G/T; 0: none.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
@@ -230,9 +231,9 @@ impl ServeArgs {
             "--stats-interval must be a positive number of seconds"
         );
         anyhow::ensure!(
-            self.checkpoint_every >= 1 << 20,
+            self.checkpoint_every.is_none_or(|b| b >= 1 << 20),
             "--checkpoint-every {}: at least 1M (a checkpoint writes every volume's map)",
-            self.checkpoint_every
+            self.checkpoint_every.unwrap_or(0)
         );
         anyhow::ensure!(
             self.handshake_timeout > 0.0,

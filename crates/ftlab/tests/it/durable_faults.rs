@@ -237,7 +237,7 @@ fn options_like(data: &Path) -> DeviceOptions {
         read_only: false,
         data: Some(data.to_path_buf()),
         durability: Default::default(),
-        checkpoint_every_bytes: 256 << 20,
+        checkpoint_every_bytes: Some(256 << 20),
         maintenance: Default::default(),
         cache_bytes: 0,
         cache_policy: Default::default(),

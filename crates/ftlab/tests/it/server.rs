@@ -65,7 +65,7 @@ fn options() -> DeviceOptions {
         read_only: false,
         data: None,
         durability: Default::default(),
-        checkpoint_every_bytes: 256 << 20,
+        checkpoint_every_bytes: Some(256 << 20),
         maintenance: Default::default(),
         cache_bytes: 1 << 20,
         cache_policy: Default::default(),
@@ -1435,7 +1435,7 @@ fn the_model_after_a_crash_reports_what_it_did_before() {
         let c = config("femu", &all);
         let options = || DeviceOptions {
             data: Some(dir.join("data")),
-            checkpoint_every_bytes: 256 << 10,
+            checkpoint_every_bytes: Some(256 << 10),
             // This test calls `maintain` itself, once, and counts it.
             maintenance: ftlab_device::Maintenance::Manual,
             ..options()
@@ -1522,7 +1522,7 @@ fn a_durable_device_stays_bounded_whoever_uses_it() {
     let c = small_config();
     let options = || DeviceOptions {
         data: Some(dir.join("data")),
-        checkpoint_every_bytes: ftlab_device::default_checkpoint_every_bytes(SIZE),
+        checkpoint_every_bytes: None,
         maintenance: Default::default(),
         ..options()
     };

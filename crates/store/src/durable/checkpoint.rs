@@ -368,22 +368,43 @@ impl DataDir {
         Ok(())
     }
 
-    /// A checkpoint with the FTL model's saved state `state` (the owner's bytes, covering every
-    /// request logged so far): `model.state` replaced first, then the archive emptied and the
-    /// checkpoint written. A restart restores the state and replays only what follows, and
-    /// `model.log` no longer grows for ever. A crash between the two finds the state covering
-    /// more than the old checkpoint's archive, and uses it (`model_log::choose`).
-    pub fn checkpoint_with_model(&mut self, state: &[u8]) -> Result<(), LogError> {
+    /// The model requests logged so far: what a model state saved now covers (read under the
+    /// lock its owner logs requests under, then `checkpoint_with_model`).
+    pub fn model_requests(&self) -> u64 {
+        self.model_base + self.model_entries + self.pending.len() as u64
+    }
+
+    /// A checkpoint with the FTL model's saved state `state`, which covers the first `covered`
+    /// model requests (`model_requests` when it was taken): `model.state` replaced first, then
+    /// the archive begun anew with the requests after it and the checkpoint written. A restart
+    /// restores the state and replays only what follows, and `model.log` no longer grows for
+    /// ever. A crash between the two finds the state covering more than the old checkpoint's
+    /// archive, and uses it (`model_log::choose`). Returns whether the state was saved: when a
+    /// checkpoint since archived requests it covers, a plain checkpoint is written instead (the
+    /// next state will be saved).
+    pub fn checkpoint_with_model(
+        &mut self,
+        state: &PackedModel,
+        covered: u64,
+    ) -> Result<bool, LogError> {
+        assert!(
+            covered <= self.model_requests(),
+            "a state of requests never logged"
+        );
         self.commit()?;
-        let covered = self.model_base + self.model_entries + self.pending.len() as u64;
+        let Some(after) = covered.checked_sub(self.model_base + self.model_entries) else {
+            self.checkpoint()?;
+            return Ok(false);
+        };
         let bytes = model_log::encode_model_state(covered, state);
         write_atomically(&self.dir.join(MODEL_STATE_FILE), &bytes).map_err(atomic)?;
         self.stats.model_bytes += bytes.len() as u64;
         self.model_base = covered;
         self.model_entries = 0;
         self.model_len = log::SEGMENT_HEADER_BYTES as u64;
-        self.pending.clear();
-        self.checkpoint()
+        self.pending.drain(..after as usize);
+        self.checkpoint()?;
+        Ok(true)
     }
 
     /// Bytes appended to the log since the last checkpoint.

@@ -58,7 +58,7 @@ use checkpoint::decode_checkpoint;
 pub use checkpoint::decode_checkpoint_bytes;
 pub use error::{CheckpointDamage, DurableError, ReplayError};
 pub use loc_map::LocMap;
-pub use model_log::{model_op, ModelRequest, MODEL_STATE_FILE};
+pub use model_log::{model_op, ModelRequest, PackedModel, MODEL_STATE_FILE};
 pub use salvage::{DamagedPage, Verified};
 pub use volumes::{check_volume_name, Volume, VolumeInfo, VolumeKind, Volumes, NAME_RULE};
 

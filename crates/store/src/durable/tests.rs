@@ -198,6 +198,59 @@ fn the_models_requests_survive_checkpoints_and_crashes() {
     assert_eq!(o.requests, (0..31).map(req).collect::<Vec<_>>());
 }
 
+/// A saved model state covers the requests counted when it was taken: those logged after
+/// (while it was compressed) are archived after it and replayed; a state a plain checkpoint
+/// overtook is not saved (the archive already holds what it covers), and the next is.
+#[test]
+fn a_saved_state_and_the_requests_after_it_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, _) = open(dir.path());
+    let req = |i: u64| ModelRequest {
+        op: (i % 4) as u8,
+        offset_bytes: i * 4096,
+        length_bytes: 4096,
+        arrival_ns: i * 1000,
+        reclaim_group: 0,
+        handle: 0,
+    };
+    for i in 0..10 {
+        d.request(req(i)).unwrap();
+    }
+    let covered = d.model_requests();
+    let state = PackedModel::pack(b"the state after ten");
+    for i in 10..14 {
+        d.request(req(i)).unwrap();
+    }
+    assert!(d.checkpoint_with_model(&state, covered).unwrap());
+    for i in 14..16 {
+        d.request(req(i)).unwrap();
+    }
+    d.commit().unwrap();
+    drop(d);
+    let (mut d, o) = open(dir.path());
+    assert_eq!(o.model_state.as_deref(), Some(&b"the state after ten"[..]));
+    assert_eq!(o.requests, (10..16).map(req).collect::<Vec<_>>());
+    assert_eq!(o.model_damage, None);
+
+    let covered = d.model_requests();
+    d.request(req(16)).unwrap();
+    d.checkpoint().unwrap();
+    let stale = PackedModel::pack(b"overtaken");
+    assert!(!d.checkpoint_with_model(&stale, covered).unwrap());
+    drop(d);
+    let (mut d, o) = open(dir.path());
+    assert_eq!(o.model_state.as_deref(), Some(&b"the state after ten"[..]));
+    assert_eq!(o.requests, (10..17).map(req).collect::<Vec<_>>());
+    let covered = d.model_requests();
+    assert!(d
+        .checkpoint_with_model(&PackedModel::pack(b"after seventeen"), covered)
+        .unwrap());
+    drop(d);
+    let (_, o) = open(dir.path());
+    assert_eq!(o.model_state.as_deref(), Some(&b"after seventeen"[..]));
+    assert!(o.requests.is_empty());
+}
+
 /// A damaged model archive (deleted, cut, a byte flipped) never stops the data being read:
 /// the directory opens, read-only too, saying what was wrong; the requests before the damage
 /// and those after the checkpoint come back; a writable open writes the archive anew (its

@@ -111,6 +111,7 @@ const UNMAPPED: u32 = u32::MAX;
 /// One u32 per logical page: 4 bytes x capacity / page size, the DRAM a page-level FTL needs.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
 pub struct FlatMapping {
+    #[serde(with = "crate::serde_state::words")]
     ppn_of_lpn: Vec<u32>,
     live: u64,
 }
