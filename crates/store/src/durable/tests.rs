@@ -160,20 +160,25 @@ proptest! {
     }
 }
 
-/// The model's requests come back in order after a checkpoint and a crash: archived ones
-/// from `model.log`, later ones from the log.
-#[test]
-fn the_models_requests_survive_checkpoints_and_crashes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut d, _) = open(dir.path());
-    let req = |i: u64| ModelRequest {
+/// The model's `i`th request of a test: distinct in every field.
+fn model_request(i: u64) -> ModelRequest {
+    ModelRequest {
         op: (i % 4) as u8,
         offset_bytes: i * 4096,
         length_bytes: 4096,
         arrival_ns: i * 1000,
         reclaim_group: 0,
         handle: (i % 3) as u8,
-    };
+    }
+}
+
+/// The model's requests come back in order after a checkpoint and a crash: archived ones
+/// from `model.log`, later ones from the log.
+#[test]
+fn the_models_requests_survive_checkpoints_and_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut d, _) = open(dir.path());
+    let req = model_request;
     for i in 0..10 {
         d.request(req(i)).unwrap();
     }
@@ -205,14 +210,7 @@ fn the_models_requests_survive_checkpoints_and_crashes() {
 fn a_saved_state_and_the_requests_after_it_come_back() {
     let dir = tempfile::tempdir().unwrap();
     let (mut d, _) = open(dir.path());
-    let req = |i: u64| ModelRequest {
-        op: (i % 4) as u8,
-        offset_bytes: i * 4096,
-        length_bytes: 4096,
-        arrival_ns: i * 1000,
-        reclaim_group: 0,
-        handle: 0,
-    };
+    let req = model_request;
     for i in 0..10 {
         d.request(req(i)).unwrap();
     }
