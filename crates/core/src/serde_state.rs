@@ -33,12 +33,7 @@ pub mod boxed {
 pub mod inline {
     use super::*;
 
-    pub fn serialize<S: Serializer, T: Serialize, const N: usize>(
-        a: &[T; N],
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        a.as_slice().serialize(s)
-    }
+    pub use super::boxed::serialize;
 
     pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>, const N: usize>(
         d: D,
