@@ -45,6 +45,8 @@ pub(crate) struct Durable {
     pub(crate) model_restored: bool,
     /// Decompressed pages of snapshots and clones (read from the log).
     pub(crate) cache: Mutex<ftlab_store::cache::PageCache>,
+    /// Changes refused for a full disk or a broken log, as told in the log.
+    pub(crate) refusals: crate::refusals::Refusals,
 }
 
 use ftlab_store::durable::model_op;
@@ -56,16 +58,6 @@ pub(crate) fn model_code(op: Op) -> u8 {
         Op::Write => model_op::WRITE,
         Op::Trim => model_op::TRIM,
         Op::Flush => model_op::FLUSH,
-    }
-}
-
-/// What a client is told of a failed append: `ENOSPC` for a full disk (it clears when space
-/// returns: the log resumes by itself), EIO for anything else.
-pub(crate) fn log_error(e: &ftlab_store::log::LogError) -> IoError {
-    if e.is_no_space() {
-        IoError::NoSpace
-    } else {
-        IoError::Io
     }
 }
 
@@ -112,25 +104,45 @@ impl Durable {
         self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A failed append is the request's error (`ENOSPC` when the disk is full, else EIO): what
-    /// was not logged is not acknowledged.
+    /// What a client is told of a failed append: `ENOSPC` for a full disk (it clears when
+    /// space returns: the log resumes by itself), EIO for anything else; what was not logged
+    /// is not acknowledged. Told in the log when it starts something (`Refusals`).
+    pub(crate) fn refused(&self, e: &ftlab_store::log::LogError) -> IoError {
+        self.refusals.refused(&self.dir, e)
+    }
+
+    /// An append's result, as the client is told it.
+    pub(crate) fn appended(
+        &self,
+        r: Result<(), ftlab_store::log::LogError>,
+    ) -> Result<(), IoError> {
+        match r {
+            Ok(()) => {
+                self.refusals.accepted(&self.dir);
+                Ok(())
+            }
+            Err(e) => Err(self.refused(&e)),
+        }
+    }
+
     pub(crate) fn page(
+        &self,
         data: &mut DataDir,
         volume: u16,
         lpn: u64,
         page: &[u8],
     ) -> Result<(), IoError> {
-        data.write_page(volume, lpn, page)
-            .map_err(|e| log_error(&e))
+        self.appended(data.write_page(volume, lpn, page))
     }
 
     pub(crate) fn trim(
+        &self,
         data: &mut DataDir,
         volume: u16,
         lpn: u64,
         pages: u64,
     ) -> Result<(), IoError> {
-        data.trim(volume, lpn, pages).map_err(|e| log_error(&e))
+        self.appended(data.trim(volume, lpn, pages))
     }
 
     /// Durable before a request is answered: a FLUSH, an FUA write, or with `always` any
@@ -154,7 +166,7 @@ impl Durable {
         if data.read_only() || data.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
             return Ok(());
         }
-        let seq = data.commit().map_err(|e| log_error(&e))?;
+        let seq = data.commit().map_err(|e| self.refused(&e))?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced_seq.store(seq, Ordering::Release);
         Ok(())
@@ -183,10 +195,23 @@ impl Durable {
 
     /// `Device::maintain`'s work. The model's lock is taken before the directory's, as a
     /// request takes them: the saved model and the log agree on which requests it took.
-    pub(crate) fn maintain(&self, state: &Mutex<crate::State>) -> Option<Result<String, String>> {
-        if self.lock().since_checkpoint_bytes() < self.checkpoint_every_bytes {
-            return None;
-        }
+    pub(crate) fn maintain(
+        &self,
+        state: &Mutex<crate::State>,
+    ) -> Option<Result<Maintained, String>> {
+        // On a disk short of space a checkpoint and the cleaner are what make room, whatever
+        // was logged since the last (`Maintainer` spaces the tries out when they free nothing).
+        let low_on_space = {
+            let data = self.lock();
+            if data.read_only() {
+                return None;
+            }
+            let low = data.low_on_space() || self.refusals.full();
+            if !low && data.since_checkpoint_bytes() < self.checkpoint_every_bytes {
+                return None;
+            }
+            low
+        };
         let started = Instant::now();
         // The model's lock only while it is serialised, the directory's not while it is
         // compressed: requests wait for neither longer than they must.
@@ -198,20 +223,89 @@ impl Durable {
         let packed = PackedModel::pack(&model);
         drop(model);
         let mut data = self.lock();
+        // Short of space, segments up to nine tenths live are worth their copies.
+        let max_live_fraction = if low_on_space { 0.9 } else { 0.5 };
         let result = data
             .checkpoint_with_model(&packed, covered)
-            .and_then(|_| data.clean(0.5));
+            .and_then(|_| data.clean(max_live_fraction));
         // Everything before the checkpoint is durable now.
         let seq = data.last_seq();
         self.synced_seq.fetch_max(seq, Ordering::AcqRel);
         Some(match result {
-            Ok(cleaned) => Ok(format!(
-                "{}: checkpoint at record {seq}, {cleaned} segment(s) cleaned, in {:.0} ms",
-                self.dir.display(),
-                started.elapsed().as_secs_f64() * 1e3
-            )),
+            Ok(cleaned) => Ok(Maintained {
+                line: format!(
+                    "{}: checkpoint at record {seq}, {cleaned} segment(s) cleaned, in {:.0} ms",
+                    self.dir.display(),
+                    started.elapsed().as_secs_f64() * 1e3
+                ),
+                fruitless: low_on_space && cleaned == 0,
+            }),
             Err(e) => Err(format!("{}: checkpoint failed: {e}", self.dir.display())),
         })
+    }
+}
+
+/// What a checkpoint and the cleaner did.
+pub(crate) struct Maintained {
+    /// For the log.
+    pub(crate) line: String,
+    /// Short of space, and nothing was freed: the next try waits longer.
+    pub(crate) fruitless: bool,
+}
+
+/// How the maintainer spaces out tries that fail, or that free nothing on a disk short of space
+/// (each packs the whole model), and which of them it tells: the first failure, then a line a
+/// minute at most, then the success that ends them.
+#[derive(Default)]
+struct Tries {
+    /// Failed or fruitless tries in a row.
+    in_a_row: u32,
+    failed: u32,
+    told_at: Option<Instant>,
+}
+
+/// Tries are this far apart at first, then twice as far each time, up to `LONGEST_WAIT`.
+const FIRST_WAIT: Duration = Duration::from_millis(200);
+const LONGEST_WAIT: Duration = Duration::from_secs(10);
+/// A failure that goes on is told again after this.
+const RETELL_AFTER: Duration = Duration::from_secs(60);
+
+impl Tries {
+    fn wait(&self) -> Duration {
+        (FIRST_WAIT * (1u32 << self.in_a_row.min(6))).min(LONGEST_WAIT)
+    }
+
+    /// The result of a try; returns a line for the log, if any.
+    fn outcome(&mut self, result: Result<Maintained, String>, log_done: bool) -> Option<String> {
+        match result {
+            Ok(done) => {
+                self.in_a_row = if done.fruitless { self.in_a_row + 1 } else { 0 };
+                let failed = std::mem::take(&mut self.failed);
+                self.told_at = None;
+                if failed > 0 {
+                    Some(format!("{} (after {failed} failed tries)", done.line))
+                } else {
+                    log_done.then_some(done.line)
+                }
+            }
+            Err(line) => {
+                self.in_a_row += 1;
+                self.failed += 1;
+                let now = Instant::now();
+                let tell = self
+                    .told_at
+                    .is_none_or(|at| now.duration_since(at) >= RETELL_AFTER);
+                if !tell {
+                    return None;
+                }
+                self.told_at = Some(now);
+                Some(if self.failed == 1 {
+                    line
+                } else {
+                    format!("{line} ({} tries failed so far)", self.failed)
+                })
+            }
+        }
     }
 }
 
@@ -235,19 +329,21 @@ impl Maintainer {
             .spawn(move || {
                 let (flag, wake) = &*stopping;
                 let mut stopped = flag.lock().unwrap_or_else(|p| p.into_inner());
+                let mut tries = Tries::default();
                 while !*stopped {
                     stopped = wake
-                        .wait_timeout(stopped, Duration::from_millis(200))
+                        .wait_timeout(stopped, tries.wait())
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                     if *stopped {
                         break;
                     }
                     drop(stopped);
-                    match durable.maintain(&state) {
-                        Some(Ok(line)) if log_done => eprintln!("ftlab: {line}"),
-                        Some(Err(line)) => eprintln!("ftlab: {line}"),
-                        _ => {}
+                    if let Some(line) = durable
+                        .maintain(&state)
+                        .and_then(|r| tries.outcome(r, log_done))
+                    {
+                        eprintln!("ftlab: {line}");
                     }
                     stopped = flag.lock().unwrap_or_else(|p| p.into_inner());
                 }
@@ -402,6 +498,7 @@ impl Device {
                 model_restored,
                 damaged_reads: AtomicU64::new(0),
                 damaged_told: Mutex::default(),
+                refusals: Default::default(),
                 cache: Mutex::new(ftlab_store::cache::PageCache::new(
                     options.cache_policy,
                     (options.cache_bytes / page_bytes as u64) as usize,
@@ -420,6 +517,7 @@ impl Device {
             .as_ref()
             .filter(|_| !self.options.read_only)?
             .maintain(&self.state)
+            .map(|r| r.map(|done| done.line))
     }
 
     /// What recovery found, for the log at start: records replayed, bytes dropped from a
@@ -561,5 +659,47 @@ impl Drop for VolumeUse<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(fruitless: bool) -> Result<Maintained, String> {
+        Ok(Maintained {
+            line: "checkpoint".into(),
+            fruitless,
+        })
+    }
+
+    /// A failing checkpoint is told once (then once a minute), tried ever less often up to
+    /// the longest wait, and the success that ends it says how many failed; a disk short of
+    /// space where a checkpoint frees nothing is tried less often too.
+    #[test]
+    fn failed_tries_are_told_once_and_spaced_out() {
+        let mut t = Tries::default();
+        assert_eq!(t.wait(), FIRST_WAIT);
+        assert_eq!(
+            t.outcome(Err("disk full".into()), false).as_deref(),
+            Some("disk full")
+        );
+        let mut waits = vec![t.wait()];
+        for _ in 0..20 {
+            assert_eq!(t.outcome(Err("disk full".into()), false), None);
+            waits.push(t.wait());
+        }
+        assert_eq!(waits[0], FIRST_WAIT * 2);
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(*waits.last().unwrap(), LONGEST_WAIT);
+        assert_eq!(
+            t.outcome(done(false), false).as_deref(),
+            Some("checkpoint (after 21 failed tries)")
+        );
+        assert_eq!(t.wait(), FIRST_WAIT);
+        assert_eq!(t.outcome(done(false), false), None);
+        assert_eq!(t.outcome(done(false), true).as_deref(), Some("checkpoint"));
+        assert_eq!(t.outcome(done(true), false), None);
+        assert_eq!(t.wait(), FIRST_WAIT * 2);
     }
 }

@@ -249,7 +249,7 @@ impl Device {
                         reclaim_group: request.placement.reclaim_group,
                         handle: request.placement.handle,
                     })
-                    .map_err(|e| crate::durable::log_error(&e))?;
+                    .map_err(|e| d.refused(&e))?;
             }
         }
         drop(state);
@@ -401,7 +401,7 @@ impl Device {
                 let zeroes = r.kind == CommandKind::WriteZeroes;
                 // The whole pages first: packed outside the lock, appended in one hold.
                 if whole.start < whole.end && zeroes {
-                    Durable::trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
+                    d.trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
                 } else if whole.start < whole.end {
                     let first = span.touched().start;
                     let skip = if whole.start > first {
@@ -415,8 +415,7 @@ impl Device {
                         pages.chunks(ps).map(ftlab_store::log::pack_page).collect();
                     let mut data = d.lock();
                     for (lpn, (codec, bytes)) in whole.clone().zip(&packed) {
-                        data.write_packed(volume, lpn, ps, *codec, bytes)
-                            .map_err(|e| crate::durable::log_error(&e))?;
+                        d.appended(data.write_packed(volume, lpn, ps, *codec, bytes))?;
                     }
                 }
                 // Then the partial pages at the ends: read, modified and written under the
@@ -432,13 +431,13 @@ impl Device {
                         } else {
                             page[a..b].copy_from_slice(&payload[at..at + (b - a)]);
                         }
-                        Durable::page(&mut d.lock(), volume, lpn, &page)?;
+                        d.page(&mut d.lock(), volume, lpn, &page)?;
                     }
                     at += b - a;
                 }
             }
             CommandKind::Trim if whole.start < whole.end => {
-                Durable::trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
+                d.trim(&mut d.lock(), volume, whole.start, whole.end - whole.start)?;
             }
             _ => {}
         }

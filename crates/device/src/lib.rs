@@ -21,6 +21,7 @@ mod exports;
 mod image;
 mod options;
 pub mod policy;
+mod refusals;
 mod stats;
 
 pub use command::{Allocation, Command, CommandKind, IoError, LocalCommand};

@@ -34,7 +34,7 @@ impl Device {
             "durable": self.durable.as_ref().map(|d| {
                 let (records, disk, volumes, stalled) = {
                     let mut data = d.lock();
-                    (data.last_seq(), data.disk_stats(), data.volumes(), data.stalled())
+                    (data.last_seq(), data.disk_stats(), data.volumes(), data.low_on_space())
                 };
                 serde_json::json!({
                     "dir": d.dir.display().to_string(),
@@ -53,7 +53,9 @@ impl Device {
                         .iter().map(|&(volume, lpn)| serde_json::json!({
                             "volume": volume, "lpn": lpn,
                         })).collect::<Vec<_>>(),
-                    "stalled": stalled,
+                    // Changes refused for want of disk space (the log's write failed, or the
+                    // free space is under the reserve kept for checkpoints and the cleaner).
+                    "stalled": stalled || d.refusals.full(),
                     "disk": disk,
                     "volumes": volumes,
                     "cache": d.cache.lock().unwrap_or_else(|p| p.into_inner()).stats(),

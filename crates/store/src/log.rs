@@ -192,19 +192,67 @@ pub enum LogError {
         path: PathBuf,
         cause: std::io::Error,
     },
+    /// `fdatasync` failed. Linux may have dropped the written pages it could not write back
+    /// and marked them clean, so a later sync would succeed without them: the writer takes
+    /// nothing more, and a restart recovers what is on the disk.
+    #[error("{path}: fsync failed ({cause}): written records may be lost, so the log takes no more; restart to recover what is on the disk")]
+    SyncFailed {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// The disk's free space fell under what a checkpoint and the cleaner need: changes wait
+    /// for them (or the operator) to make room.
+    #[error("{dir}: the disk has {free_bytes} bytes free, under the {reserve_bytes} kept for checkpoints and the cleaner")]
+    Reserve {
+        dir: PathBuf,
+        free_bytes: u64,
+        reserve_bytes: u64,
+    },
 }
 
 impl LogError {
     /// The file system is full (or the user's quota, or the file-size limit, is reached): the
     /// client's `ENOSPC`, not an I/O error.
     pub fn is_no_space(&self) -> bool {
-        let LogError::Io { cause, .. } = self else {
-            return false;
+        let cause = match self {
+            LogError::Io { cause, .. } => cause,
+            LogError::Reserve { .. } => return true,
+            _ => return false,
         };
         matches!(
             cause.raw_os_error(),
             Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
         ) || cause.kind() == std::io::ErrorKind::StorageFull
+    }
+
+    /// The writer takes no more records (a failed cut or sync): only a restart helps.
+    pub fn is_broken(&self) -> bool {
+        matches!(self, LogError::Broken { .. } | LogError::SyncFailed { .. })
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `file`; None where
+/// that cannot be asked.
+pub fn free_bytes(file: &File) -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut s = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: fstatvfs(2) fills the struct it is given for an open descriptor and reads
+        // nothing else.
+        let r = unsafe { libc::fstatvfs(file.as_raw_fd(), s.as_mut_ptr()) };
+        if r != 0 {
+            return None;
+        }
+        // SAFETY: a zeroed statvfs is a valid value, and fstatvfs succeeded.
+        let s = unsafe { s.assume_init() };
+        #[allow(clippy::unnecessary_cast)] // u64 on 64-bit Linux, u32 on some targets.
+        Some(s.f_bavail as u64 * s.f_frsize as u64)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        None
     }
 }
 
@@ -768,12 +816,15 @@ pub struct LogWriter {
     /// whole record and `pending` kept whole, to be written where it belongs once space returns.
     /// Until then records are refused (`STALLED_PENDING_BYTES`).
     stalled: bool,
-    /// The cut after a failed write failed too: nothing more is appended.
+    /// The cut after a failed write failed too, or a sync failed: nothing more is appended.
     broken: bool,
+    /// Tests: the next sync fails as a disk's write-back error would.
+    #[cfg(test)]
+    pub(crate) fail_next_sync: bool,
 }
 
 /// Pending records are written to the file once they reach this.
-const PENDING_BYTES: usize = 1 << 20;
+pub const PENDING_BYTES: usize = 1 << 20;
 
 /// While the disk is full, pages and trims are refused at once, but the small records a read
 /// or a FLUSH adds (the FTL model's request, a commit) are kept in memory up to this much, so
@@ -843,6 +894,8 @@ impl LogWriter {
             pending: Vec::with_capacity(PENDING_BYTES + MAX_PAYLOAD_BYTES),
             stalled: false,
             broken: false,
+            #[cfg(test)]
+            fail_next_sync: false,
         })
     }
 
@@ -961,7 +1014,7 @@ impl LogWriter {
     fn broken_error(&self) -> LogError {
         LogError::Broken {
             path: segment_path(&self.dir, self.index),
-            cause: std::io::Error::other("an earlier cut failed"),
+            cause: std::io::Error::other("an earlier cut or sync failed"),
         }
     }
 
@@ -1005,6 +1058,16 @@ impl LogWriter {
         }
     }
 
+    /// Bytes of records appended but not yet written to the file.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// A segment is closed and the next begun past this size.
+    pub fn segment_bytes(&self) -> usize {
+        self.segment_bytes
+    }
+
     /// Bytes this writer appended.
     pub fn appended_bytes(&self) -> u64 {
         self.appended_bytes
@@ -1029,14 +1092,40 @@ impl LogWriter {
     pub fn commit(&mut self) -> Result<u64, LogError> {
         let seq = self.append(Kind::Commit, 0, 0, 0, &[])?;
         self.flush()?;
-        self.file.sync_data().map_err(|e| self.io(e))?;
+        self.sync()?;
         Ok(seq)
+    }
+
+    /// `fdatasync` of the segment being appended to; a failure breaks the writer
+    /// (`LogError::SyncFailed`): what the kernel failed to write back it may have dropped.
+    fn sync(&mut self) -> Result<(), LogError> {
+        #[cfg(test)]
+        if self.fail_next_sync {
+            self.fail_next_sync = false;
+            self.broken = true;
+            return Err(LogError::SyncFailed {
+                path: segment_path(&self.dir, self.index),
+                cause: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        self.file.sync_data().map_err(|cause| {
+            self.broken = true;
+            LogError::SyncFailed {
+                path: segment_path(&self.dir, self.index),
+                cause,
+            }
+        })
+    }
+
+    /// The file holding the segment being appended to (for its file system's free space).
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     /// Closes the current segment (durable) and starts the next.
     fn roll(&mut self) -> Result<(), LogError> {
         self.flush()?;
-        self.file.sync_data().map_err(|e| self.io(e))?;
+        self.sync()?;
         let index = self.index + 1;
         let path = segment_path(&self.dir, index);
         let io = |cause| LogError::Io {
@@ -1255,5 +1344,35 @@ mod tests {
             assert!(p.exists(), "{}", p.display());
         }
         assert_eq!(repair(dir.path()).unwrap().set_aside.len(), 0);
+    }
+
+    /// A failed fsync breaks the writer for good: Linux reports a write-back error once and
+    /// marks the pages clean, so a later sync that succeeded would acknowledge records the
+    /// disk may never have got. A restart recovers what the disk holds.
+    #[test]
+    fn a_failed_sync_is_never_followed_by_a_successful_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _) = LogWriter::open(dir.path(), 1 << 20).unwrap();
+        w.append_page(1, &[1u8; 4096]).unwrap();
+        let durable = w.commit().unwrap();
+        w.append_page(2, &[2u8; 4096]).unwrap();
+        w.fail_next_sync = true;
+        let e = w.commit().unwrap_err();
+        assert!(e.is_broken() && !e.is_no_space(), "{e}");
+        assert!(e.to_string().contains("fsync failed"), "{e}");
+        // Nothing more is taken, and no later commit claims what the failed one did not.
+        assert!(w.append_page(3, &[3u8; 4096]).unwrap_err().is_broken());
+        assert!(w.commit().unwrap_err().is_broken());
+        drop(w);
+        let r = recover(dir.path()).unwrap();
+        let pages: Vec<u64> = r
+            .records
+            .iter()
+            .filter(|r| r.kind == Kind::Page)
+            .map(|r| r.lpn)
+            .collect();
+        // What the first commit covered survives; the rest is what the disk happened to keep.
+        assert!(r.records.iter().any(|r| r.seq == durable));
+        assert!(pages.starts_with(&[1]) && !pages.contains(&3), "{pages:?}");
     }
 }

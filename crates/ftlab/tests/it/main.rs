@@ -5,6 +5,7 @@ mod config_errors;
 mod determinism;
 mod docs;
 mod durable_faults;
+mod fault_loop;
 mod fdp;
 mod invariants;
 mod mapping;

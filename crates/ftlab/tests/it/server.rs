@@ -96,7 +96,7 @@ fn connect_with(
     (client, handle)
 }
 
-struct Client {
+pub(crate) struct Client {
     s: UnixStream,
     cookie: u64,
     /// Structured replies were negotiated.
@@ -199,7 +199,7 @@ impl Client {
         (client, h)
     }
 
-    fn request(
+    pub(crate) fn request(
         &mut self,
         command: u16,
         flags: u16,
@@ -1024,7 +1024,7 @@ fn a_read_only_export_refuses_writes_with_eperm() {
 
 /// Over a fresh connection `s`: the greeting, then GO for export `name` (structured replies
 /// off); the client and the size GO gave.
-fn go(mut s: UnixStream, name: &str) -> (Client, u64) {
+pub(crate) fn go(mut s: UnixStream, name: &str) -> (Client, u64) {
     greet(&mut s);
     option(&mut s, p::OPT_GO, &go_data(name));
     let mut size = 0;

@@ -5,22 +5,36 @@ use super::*;
 
 impl DataDir {
     /// Cleans: segments wholly before the checkpoint whose live records fill at most
-    /// `max_live_fraction` of them have those records copied to the log's end; then a
-    /// checkpoint, then every segment before it no volume maps is deleted. Returns the
-    /// segments deleted.
+    /// `max_live_fraction` of them have those records copied to the log's end (the emptiest
+    /// first, as many as the free space allows); then a checkpoint, then every segment before
+    /// it no volume maps is deleted. Returns the segments deleted.
     pub fn clean(&mut self, max_live_fraction: f64) -> Result<u64, LogError> {
         let candidates: Vec<u64> = segment_indices(&self.dir)?
             .into_iter()
             .filter(|&s| s < self.checkpoint_at.segment)
             .collect();
-        let mut copied_any = false;
+        // The emptiest first, as many as the disk has room to copy (on a nearly full disk the
+        // copies must leave the checkpoint that frees their segments its room).
+        let mut to_copy = Vec::new();
         for &segment in &candidates {
             let path = segment_path(&self.dir, segment);
             let len = std::fs::metadata(&path).map_err(io(&path))?.len();
             let live = self.volumes.live_bytes.get(&segment).copied().unwrap_or(0);
-            if live == 0 || live as f64 > max_live_fraction * len as f64 {
-                continue;
+            if live > 0 && live as f64 <= max_live_fraction * len as f64 {
+                to_copy.push((live, segment));
             }
+        }
+        to_copy.sort_unstable();
+        let mut budget = self.copy_budget_bytes().unwrap_or(u64::MAX);
+        let mut copied_any = false;
+        for (live, segment) in to_copy {
+            // Records are copied as they are; now and then a new segment's header on top.
+            let need = live + live / 64;
+            if need > budget {
+                break;
+            }
+            budget -= need;
+            let path = segment_path(&self.dir, segment);
             let bytes = std::fs::read(&path).map_err(io(&path))?;
             let scan = scan_segment_from(&bytes, segment, log::SEGMENT_HEADER_BYTES, None)
                 .map_err(|why| damaged(&path, why))?;
@@ -68,6 +82,7 @@ impl DataDir {
             self.volumes.live_bytes.remove(&segment);
         }
         sync_dir(&self.dir)?;
+        self.space_changed();
         self.stats.cleaned_segments += dead.len() as u64;
         Ok(dead.len() as u64)
     }

@@ -10,11 +10,12 @@
 //! - `checkpoint`: the volumes' maps as of a log position, replaced atomically (written beside,
 //!   synced, renamed, the directory synced). Recovery starts from it and replays the log after
 //!   it; without one, from the log's start.
-//! - `model.log`: the FTL model's requests up to the checkpoint (appended before the checkpoint
-//!   is replaced), so that the model is rebuilt by replaying every request it ever saw, in order,
-//!   with its arrival time: the same report as without a crash. The model's own state is not
-//!   checkpointed (see docs/serve.md). A damaged archive costs the model's exactness, never the
-//!   data: the model is rebuilt from the requests that verify (`Opened::model_damage`).
+//! - `model.state`: the FTL model's whole state, saved with a checkpoint (`model_log.rs`).
+//! - `model.log`: the FTL model's requests after that state, up to the checkpoint (appended
+//!   before the checkpoint is replaced), so that the model is rebuilt exactly: the state
+//!   restored, then every later request replayed in order with its arrival time: the same
+//!   report as without a crash. A damaged state or archive costs the model's exactness, never
+//!   the data: the model is rebuilt from what verifies (`Opened::model_damage`).
 //!
 //! Snapshots share records with their parent: a snapshot is a copy of a map whose chunks are
 //! shared until written (`LocMap`), so creating one copies no data and a pointer per 1024 pages.
@@ -51,6 +52,7 @@ mod loc_map;
 mod model_log;
 pub mod offline;
 mod salvage;
+mod space;
 mod volumes;
 
 use checkpoint::decode_checkpoint;
@@ -230,6 +232,8 @@ pub struct DataDir {
     checkpoint_at: Position,
     files: Arc<SegmentFiles>,
     stats: DiskStats,
+    /// The disk's free space as last seen (`space.rs`).
+    space: space::Space,
     /// The directory itself, locked (exclusively when writable, shared when read-only) while
     /// open (`lock_dir`): two processes never write one directory.
     _lock: File,
@@ -467,6 +471,7 @@ impl DataDir {
             checkpoint_at: at,
             files,
             stats: DiskStats::default(),
+            space: space::Space::default(),
             _lock: lock,
         };
         // A damaged archive is written anew at once (what verified, then what the log holds
@@ -535,6 +540,7 @@ impl DataDir {
             .volumes
             .index(volume)
             .ok_or_else(|| damaged(&self.dir, format!("volume {volume} does not exist")))?;
+        self.room_for_change()?;
         let (_, loc) = self
             .writer()
             .append_volume(Kind::Page, codec, volume, lpn, 0, payload)?;
@@ -549,6 +555,7 @@ impl DataDir {
             .volumes
             .index(volume)
             .ok_or_else(|| damaged(&self.dir, format!("volume {volume} does not exist")))?;
+        self.room_for_change()?;
         let end = lpn + pages;
         let mut first = lpn;
         // A trim record covers at most u32::MAX pages; longer trims take several.
