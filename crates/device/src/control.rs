@@ -176,7 +176,7 @@ impl Device {
                     "action": action,
                     "name": name,
                     "request": c.describe(),
-                    "principal": principal.describe(),
+                    "principal": principal.to_json(),
                     "ok": result.is_ok(),
                     "error": result.as_ref().err(),
                 }),

@@ -117,6 +117,8 @@ pub struct Device {
     /// Connections admitted (`connected`) and decisions denied, for the metrics.
     connections_total: AtomicU64,
     denied_total: AtomicU64,
+    /// Denials audited in full once a minute per principal and action (`access.rs`).
+    denials: Mutex<access::DenialWindows>,
     /// Set when executing a request panicked (a bug in ftlab): what panicked, where. From then
     /// on every request read is answered EIO, as a drive whose firmware asserted stays failed,
     /// rather than executed on state the panic may have left half-updated (requests already
@@ -240,6 +242,7 @@ impl Device {
             audit: Mutex::new(None),
             connections_total: AtomicU64::new(0),
             denied_total: AtomicU64::new(0),
+            denials: Mutex::default(),
             panic_next_request: AtomicBool::new(false),
             client_latency: Mutex::new(OpHistograms::default()),
             config: config.clone(),

@@ -129,13 +129,20 @@ impl Principal {
         }
     }
 
-    /// `anonymous`, or the names joined by commas (for logs).
-    pub fn describe(&self) -> String {
+    /// The names as a JSON list (`["anonymous"]` for none), for logs: a list, not the names
+    /// joined, since a certificate's CN may hold a comma (`cn:x,uid:0` must not read as a
+    /// `uid:0`).
+    pub fn to_json(&self) -> serde_json::Value {
         if self.names.is_empty() {
-            "anonymous".into()
+            serde_json::json!(["anonymous"])
         } else {
-            self.names.join(",")
+            serde_json::json!(self.names)
         }
+    }
+
+    /// `to_json` as text (for log lines).
+    pub fn describe(&self) -> String {
+        self.to_json().to_string()
     }
 }
 

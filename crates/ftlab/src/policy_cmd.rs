@@ -55,11 +55,13 @@ fn check(file: &std::path::Path, names: Vec<String>, action: &str, export: &str)
     let policy = Policy::load(file)?;
     let principal = Principal { names };
     let decision = policy.decide(&principal, action, export);
-    println!(
-        "{} {action} on {export}: {}",
-        principal.describe(),
-        decision.explain(&policy)
-    );
+    // The names as given on the command line (the logs write them as a JSON list).
+    let who = if principal.names.is_empty() {
+        "anonymous".to_string()
+    } else {
+        principal.names.join(" ")
+    };
+    println!("{who} {action} on {export}: {}", decision.explain(&policy));
     if !decision.allowed {
         std::process::exit(3);
     }

@@ -142,6 +142,16 @@ impl<R: Incoming, W: Write> Haggling<'_, R, W> {
 
     /// An option other than STARTTLS and ABORT while TLS is required and not on.
     fn before_tls(&mut self, option: u32, data: &[u8]) -> Result<Next, ConnectionError> {
+        // A denial like any other: counted, and audited (once a minute per principal).
+        self.device.denied(
+            &self.principal,
+            "connect",
+            "-",
+            &format!(
+                "--tls require: option {option} in plaintext from {} before STARTTLS",
+                self.peer.address
+            ),
+        );
         if option == p::OPT_EXPORT_NAME {
             // No error reply exists for it: the client is disconnected.
             return Err(ConnectionError::TlsRequired(
@@ -188,7 +198,7 @@ impl<R: Incoming, W: Write> Haggling<'_, R, W> {
                 self.device.audit(
                     "tls",
                     serde_json::json!({
-                        "principal": self.principal.describe(),
+                        "principal": self.principal.to_json(),
                         "address": self.peer.address,
                         "version": established.version,
                         "cipher": established.cipher,
@@ -200,7 +210,7 @@ impl<R: Incoming, W: Write> Haggling<'_, R, W> {
                 self.device.audit(
                     "tls_refused",
                     serde_json::json!({
-                        "principal": self.principal.describe(),
+                        "principal": self.principal.to_json(),
                         "address": self.peer.address,
                         "reason": why.to_string(),
                     }),

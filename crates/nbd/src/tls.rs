@@ -55,6 +55,31 @@ impl std::str::FromStr for TlsMode {
     }
 }
 
+/// Which of a client certificate's subject common names become principal names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CnNames {
+    /// Every CN (`cn:NAME` each): a certificate with two CNs is both.
+    #[default]
+    Every,
+    /// The first CN only: an authority that lets a requester add CNs cannot grant more.
+    First,
+}
+
+impl std::str::FromStr for CnNames {
+    type Err = ftlab_core::units::UnknownChoice;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "every" => Ok(Self::Every),
+            "first" => Ok(Self::First),
+            _ => Err(ftlab_core::units::UnknownChoice::new(
+                s,
+                "which common names are principals",
+                "every or first",
+            )),
+        }
+    }
+}
+
 /// Why a TLS handshake failed (the client was sent rustls's alert first, where it made one).
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -97,6 +122,8 @@ pub struct TlsSetup {
     config: Arc<rustls::ServerConfig>,
     /// Whether clients must present a certificate signed by `--tls-ca`.
     pub verifies_clients: bool,
+    /// Which CNs of a client certificate are principal names.
+    pub cn_names: CnNames,
 }
 
 impl TlsSetup {
@@ -178,6 +205,7 @@ impl TlsSetup {
             mode,
             config: Arc::new(config),
             verifies_clients: ca.is_some(),
+            cn_names: CnNames::Every,
         })
     }
 }
@@ -429,7 +457,7 @@ pub(crate) fn start<R: Read, W: Write>(
     let names = conn
         .peer_certificates()
         .and_then(|chain| chain.first())
-        .map(|leaf| certificate_names(leaf))
+        .map(|leaf| certificate_names(leaf, setup.cn_names))
         .unwrap_or_default();
     let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
     let suite = kernel.negotiated_cipher_suite();
@@ -474,9 +502,10 @@ fn send_alert<W: Write>(conn: &mut UnbufferedServerConnection, incoming: &mut [u
     }
 }
 
-/// The principal names a client certificate carries: `cn:` for each common name of its subject,
-/// `san:` for each DNS name, e-mail address, URI and IP address among its alternative names.
-pub fn certificate_names(der: &[u8]) -> Vec<String> {
+/// The principal names a client certificate carries: `cn:` for each common name of its subject
+/// (the first only with `CnNames::First`), `san:` for each DNS name, e-mail address, URI and IP
+/// address among its alternative names.
+pub fn certificate_names(der: &[u8], cn_names: CnNames) -> Vec<String> {
     use x509_parser::extensions::GeneralName;
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
         return Vec::new();
@@ -486,6 +515,10 @@ pub fn certificate_names(der: &[u8]) -> Vec<String> {
         .iter_common_name()
         .filter_map(|cn| cn.as_str().ok())
         .map(|cn| format!("cn:{cn}"))
+        .take(match cn_names {
+            CnNames::Every => usize::MAX,
+            CnNames::First => 1,
+        })
         .collect();
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
@@ -1079,5 +1112,33 @@ mod tests {
             drop((reader, server_writer));
             writer.join().unwrap();
         }
+    }
+
+    /// A certificate with two CNs, one holding a comma: each CN is one name (never split at
+    /// the comma), both with `CnNames::Every`, the first only with `CnNames::First`; the SANs
+    /// either way.
+    #[test]
+    fn a_certificates_common_names_are_every_one_or_the_first() {
+        use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "x,uid:0");
+        // rcgen keeps one value per type: the second CN goes in under CN's own OID (2.5.4.3).
+        params
+            .distinguished_name
+            .push(DnType::CustomDnType(vec![2, 5, 4, 3]), "ops");
+        params.subject_alt_names = vec![SanType::DnsName("host.example".try_into().unwrap())];
+        let key = KeyPair::generate().unwrap();
+        let der = params.self_signed(&key).unwrap().der().to_vec();
+        let mut every = certificate_names(&der, CnNames::Every);
+        every.sort();
+        assert_eq!(every, ["cn:ops", "cn:x,uid:0", "san:host.example"]);
+        let first = certificate_names(&der, CnNames::First);
+        assert_eq!(first.len(), 2, "{first:?}");
+        assert!(first.contains(&"san:host.example".to_string()));
+        assert!(every.contains(&first[0]));
+        assert_eq!("first".parse::<CnNames>().unwrap(), CnNames::First);
+        assert!("all".parse::<CnNames>().is_err());
     }
 }

@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// principal (`cn:NAME`, `san:NAME`) for --policy.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
+    /// Which subject common names of a client certificate are principals: every (`cn:NAME`
+    /// for each) or first (the first only, for an authority that lets a requester add CNs).
+    #[arg(long, value_name = "WHICH", default_value = "every", requires = "tls_ca",
+          value_parser = |s: &str| s.parse::<ftlab_nbd::tls::CnNames>())]
+    pub tls_cn: ftlab_nbd::tls::CnNames,
     /// Append an audit log here, a JSON line per event: every connection (principal, address),
     /// every denied decision with the statement that decided it, every policy reload.
     #[arg(long, value_name = "FILE")]
@@ -291,10 +296,7 @@ pub(super) fn tls_setup(args: &ServeArgs) -> anyhow::Result<Option<Arc<ftlab_nbd
     if mode == TlsMode::Off {
         return Ok(None);
     }
-    Ok(Some(Arc::new(TlsSetup::load(
-        mode,
-        cert,
-        key,
-        args.tls_ca.as_deref(),
-    )?)))
+    let mut setup = TlsSetup::load(mode, cert, key, args.tls_ca.as_deref())?;
+    setup.cn_names = args.tls_cn;
+    Ok(Some(Arc::new(setup)))
 }

@@ -102,7 +102,7 @@ impl Listeners {
                 max,
                 device,
                 nbd,
-                format!("unix client {}", principal.describe()),
+                format!("unix client {}", principal.names.join(" ")),
                 principal,
                 stream,
             );
@@ -149,59 +149,110 @@ fn admit<S: Socket>(
     }
 }
 
+/// Scrapes answered at once, each on a thread of its own; a connection beyond them is closed
+/// unanswered, so a flood of connections holds at most this many threads.
+const METRICS_CLIENTS: usize = 8;
+
+/// A scrape's whole request head must arrive within this (not each read: a client sending a
+/// byte a second would otherwise hold its thread for hours).
+const METRICS_HEAD_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Answers `GET /metrics` on `listener` until `stop`: one request a connection, its head at
-/// most 8 KiB and 5 s (a hand-written HTTP/1.1 responder: one fixed GET needs no HTTP crate).
+/// most 8 KiB and `METRICS_HEAD_DEADLINE`, up to `METRICS_CLIENTS` at once, so that neither a
+/// slow client nor a silent one delays anyone else's scrape. A hand-written HTTP/1.1 responder:
+/// one fixed GET needs no HTTP crate.
 pub(super) fn spawn_metrics(
     listener: TcpListener,
     device: Arc<Device>,
     open: Arc<std::sync::atomic::AtomicUsize>,
     stop: Arc<AtomicBool>,
 ) {
-    use std::io::{BufRead, BufReader, Read, Write};
+    let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::spawn(move || {
         while !stop.load(Ordering::SeqCst) {
             let Ok((stream, _)) = listener.accept() else {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             };
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-            let mut reader = BufReader::new((&stream).take(8 << 10));
-            let mut request = String::new();
-            if reader.read_line(&mut request).is_err() {
+            if active.fetch_add(1, Ordering::AcqRel) >= METRICS_CLIENTS {
+                active.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }
-            // The rest of the head, read and ignored.
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
-                line.clear();
+            let (device, open, done) = (device.clone(), open.clone(), active.clone());
+            let spawned = std::thread::Builder::new()
+                .name("ftlab-metrics".into())
+                .spawn(move || {
+                    scrape(stream, &device, &open);
+                    done.fetch_sub(1, Ordering::AcqRel);
+                });
+            if spawned.is_err() {
+                active.fetch_sub(1, Ordering::AcqRel);
             }
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let anonymous = ftlab_device::policy::Principal::anonymous();
-            let (status, body) = if !request.starts_with("GET ") {
-                ("405 Method Not Allowed", "GET /metrics\n".to_string())
-            } else if path != "/metrics" && path != "/" {
-                ("404 Not Found", "GET /metrics\n".to_string())
-            } else if !device.allows(&anonymous, "metrics", "-") {
-                (
-                    "403 Forbidden",
-                    "the access policy does not allow metrics\n".to_string(),
-                )
-            } else {
-                (
-                    "200 OK",
-                    ftlab_nbd::device_metrics(&device, open.load(Ordering::Relaxed)),
-                )
-            };
-            let _ = write!(
-                &stream,
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
         }
     });
+}
+
+/// Reads from a stream until a deadline: each read waits at most what is left of it.
+struct Deadline<'a> {
+    stream: &'a std::net::TcpStream,
+    until: std::time::Instant,
+}
+
+impl std::io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&*self.stream).read(buf)
+    }
+}
+
+/// One scrape: the request head, then the answer.
+fn scrape(stream: std::net::TcpStream, device: &Device, open: &std::sync::atomic::AtomicUsize) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let head = Deadline {
+        stream: &stream,
+        until: std::time::Instant::now() + METRICS_HEAD_DEADLINE,
+    };
+    let mut reader = BufReader::new(head.take(8 << 10));
+    let mut request = String::new();
+    if reader.read_line(&mut request).is_err() {
+        return;
+    }
+    // The rest of the head, read and ignored.
+    let mut line = String::new();
+    while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
+        line.clear();
+    }
+    let path = request.split_whitespace().nth(1).unwrap_or("");
+    let anonymous = ftlab_device::policy::Principal::anonymous();
+    let (status, body) = if !request.starts_with("GET ") {
+        ("405 Method Not Allowed", "GET /metrics\n".to_string())
+    } else if path != "/metrics" && path != "/" {
+        ("404 Not Found", "GET /metrics\n".to_string())
+    } else if !device.allows(&anonymous, "metrics", "-") {
+        (
+            "403 Forbidden",
+            "the access policy does not allow metrics\n".to_string(),
+        )
+    } else {
+        (
+            "200 OK",
+            ftlab_nbd::device_metrics(device, open.load(Ordering::Relaxed)),
+        )
+    };
+    let _ = write!(
+        &stream,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
 }
 
 /// A client's connection, served on a thread of its own.

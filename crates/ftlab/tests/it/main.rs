@@ -9,6 +9,7 @@ mod fault_loop;
 mod fdp;
 mod invariants;
 mod mapping;
+mod metrics;
 mod readme;
 mod server;
 mod sqlite;

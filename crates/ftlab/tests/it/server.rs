@@ -1839,6 +1839,8 @@ fn starttls_follows_the_spec_in_every_mode() {
         option(&mut s, o, &data);
         assert_eq!(option_reply(&mut s).0, p::REP_ERR_TLS_REQD, "option {o}");
     }
+    // Each a denial, counted as the metrics count them.
+    assert_eq!(device.access_counts().1, 3);
     option(&mut s, p::OPT_STARTTLS, b"x");
     assert_eq!(option_reply(&mut s).0, p::REP_ERR_INVALID);
     option(&mut s, p::OPT_STARTTLS, &[]);
