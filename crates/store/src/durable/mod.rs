@@ -1,4 +1,4 @@
-//! A durable device directory: the device log (`log.rs`) plus what makes it a device. Owns the
+//! A durable device directory: the device log (`log/`) plus what makes it a device. Owns the
 //! volumes (the device, its snapshots and clones: each a map from LPN to the log record holding
 //! its page), checkpoints of those maps, the archive of the FTL model's requests, and the
 //! cleaner that copies live records out of mostly dead segments. Does not know: the FTL, the
