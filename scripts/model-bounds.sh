@@ -7,15 +7,18 @@
 # socket answering and the restarted server's peak memory (VmHWM) against the first server's
 # resident memory before the kill (its steady state).
 # Usage: scripts/model-bounds.sh    (SIZE=64M ROUNDS=100 RW=randwrite; BENCH_DIR=target/model-bounds;
-#        extra serve flags in SERVE_FLAGS, e.g. SERVE_FLAGS="--checkpoint-every 256M")
+#        extra serve flags in SERVE_FLAGS, e.g. SERVE_FLAGS="--checkpoint-every 256M";
+#        FTLAB_BIN=PATH measures that binary instead of building one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size="${SIZE:-64M}"
 rounds="${ROUNDS:-100}"
 rw="${RW:-randwrite}"
 work="${BENCH_DIR:-target/model-bounds}"
-cargo build --release -q -p ftlab
-ftlab="$PWD/target/release/ftlab"
+if [ -z "${FTLAB_BIN:-}" ]; then
+    cargo build --release -q -p ftlab
+fi
+ftlab="${FTLAB_BIN:-$PWD/target/release/ftlab}"
 bytes=$(numfmt --from=iec "$size")
 rm -rf "$work"
 mkdir -p "$work"
