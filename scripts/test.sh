@@ -22,8 +22,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     sudo apt-get update -qq && sudo apt-get install -y -qq "${need_apt[@]}"
   fi
 fi
+# Each phase's start, in seconds since this script began: where CI's time goes.
+phase() { echo "== test.sh [${SECONDS} s] $*"; }
 [ -d ../shared/traces ] || { echo "scripts/test.sh: ../shared (traces, tools) must sit beside the project" >&2; exit 1; }
 
+phase "fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The SQLite extension is a workspace of its own (crates/sqlite-ext/Cargo.toml says why); built
@@ -31,25 +34,32 @@ cargo clippy --workspace --all-targets -- -D warnings
 ext=(--manifest-path crates/sqlite-ext/Cargo.toml)
 cargo fmt "${ext[@]}" -- --check
 cargo clippy "${ext[@]}" --target-dir target -- -D warnings
+phase "SQLite extension"
 cargo build "${ext[@]}" --target-dir target
 # The API docs build without warnings (broken or private intra-doc links).
+phase "API docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # A test that cannot run here appends its name and reason to this file (tests/it/support.rs,
 # `skip`); nextest hides a passing test's output, so the summary below is where a skip shows.
 skipped_log=target/tmp/skipped-tests.txt
 mkdir -p target/tmp && : > "$skipped_log"
 status=0
+phase "nextest"
 FTLAB_SKIPPED_LOG="$PWD/$skipped_log" cargo nextest run --workspace --no-fail-fast || status=$?
+phase "doc tests"
 cargo test --workspace --doc || status=$?
 # The Python package (pyproject.toml, crates/py, python/): a venv holding what its tests import,
 # the abi3 wheel built by maturin and installed, then pytest (python/tests), which compares the
 # package with the `ftlab` binary nextest just built.
+phase "Python package"
 [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
 target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest numpy pandas pyarrow distributed prometheus_client pysqlite3-binary nbclient ipykernel matplotlib
 rm -rf target/wheels
 target/pyenv/bin/maturin build --release --out target/wheels
 target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/ftlab-*.whl
+phase "pytest"
 FTLAB_BIN="$PWD/target/debug/ftlab" target/pyenv/bin/python -m pytest -q python/tests || status=$?
+phase "done"
 if [ -s "$skipped_log" ]; then
   echo "SKIPPED: $(wc -l < "$skipped_log") test(s) could not run here and passed without testing:"
   sed 's/^/  SKIPPED /' "$skipped_log"
