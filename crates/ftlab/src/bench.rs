@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use ftlab_core::config::ConfigBuilder;
 use ftlab_core::rng::SplitMix64;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -45,9 +46,6 @@ pub struct BenchArgs {
     /// Where the generated DiskSim trace is kept between runs.
     #[arg(long, default_value = "target/bench")]
     work_dir: PathBuf,
-    /// Path of ../shared/tools/gen_disksim_trace.py.
-    #[arg(long, default_value = "../shared/tools/gen_disksim_trace.py")]
-    generator: PathBuf,
 }
 
 fn machine() -> String {
@@ -120,21 +118,16 @@ fn replay(args: &BenchArgs) -> Result<()> {
     // 3.8 GiB span rounded down to whole 4 KiB pages.
     let span_bytes = (3.8 * (1u64 << 30) as f64) as u64 / 4096 * 4096;
     if !trace.exists() {
-        let out = std::process::Command::new("python3")
-            .arg(&args.generator)
-            .args(["--kind", "rand4k", "--n", "3100000", "--seed", "42"])
-            .arg("--span-bytes")
-            .arg(span_bytes.to_string())
-            .arg("--out")
-            .arg(&trace)
-            .output()
-            .with_context(|| format!("running {}", args.generator.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{} failed: {}",
-            args.generator.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // Written beside and renamed, so an interrupted run leaves no half trace to reuse.
+        let partial = trace.with_extension("disksim.partial");
+        let file = std::fs::File::create(&partial)
+            .with_context(|| format!("creating {}", partial.display()))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        ftlab_sim::trace::disksim::write_rand4k(&mut out, span_bytes, 3_100_000, 42, 10_000)
+            .and_then(|()| out.flush())
+            .with_context(|| format!("writing {}", partial.display()))?;
+        std::fs::rename(&partial, &trace)
+            .with_context(|| format!("renaming {} to {}", partial.display(), trace.display()))?;
     }
     // 7 % spare (MQSim's Overprovisioning_Ratio), physical sized so the logical space holds the
     // span: 8 x 8 dies x 256-page blocks.

@@ -246,6 +246,13 @@ fn disksim_traces_from_the_shared_generator_parse_and_match_native_splitmix() {
         assert_eq!((r.op, r.length_bytes), (Op::Write, 4096));
     }
     assert_eq!(reqs[1].arrival_ns, 10_000);
+    // `ftlab bench`'s own writer (no Python, any directory) gives the script's file exactly.
+    let mut native = Vec::new();
+    ftlab_sim::trace::disksim::write_rand4k(&mut native, 67_108_864, 20_000, 9, 10_000).unwrap();
+    assert!(
+        native == std::fs::read(&out).unwrap(),
+        "native trace differs"
+    );
 }
 
 #[test]

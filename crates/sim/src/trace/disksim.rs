@@ -5,6 +5,45 @@
 
 use super::{clip, dec, parse_pid, sectors, FieldError};
 use ftlab_core::request::{Op, Request};
+use ftlab_core::rng::{Range, SplitMix64};
+use std::io::Write;
+
+/// Writes the peer-baseline trace `../shared/tools/gen_disksim_trace.py --kind rand4k` writes,
+/// byte for byte: a sequential fill of `span_bytes` in 4 KiB writes, then `random_writes`
+/// 4 KiB writes at pages drawn by SplitMix64(`seed`)'s `bounded`, request i arriving at
+/// i x `interarrival_ns`. In the binary so that `ftlab bench` needs neither Python nor the
+/// project's directory; the script stays the definition another simulator regenerates from.
+pub fn write_rand4k(
+    out: &mut impl Write,
+    span_bytes: u64,
+    random_writes: u64,
+    seed: u64,
+    interarrival_ns: u64,
+) -> std::io::Result<()> {
+    const PAGE_BYTES: u64 = 4096;
+    const SECTORS_PER_PAGE: u64 = PAGE_BYTES / 512;
+    assert!(span_bytes >= PAGE_BYTES && span_bytes % PAGE_BYTES == 0);
+    let span_pages = span_bytes / PAGE_BYTES;
+    let mut arrival_ns = 0u64;
+    let mut emit = |out: &mut dyn Write, page: u64| {
+        let line = writeln!(
+            out,
+            "{arrival_ns} 0 {} {SECTORS_PER_PAGE} 0",
+            page * SECTORS_PER_PAGE
+        );
+        arrival_ns += interarrival_ns;
+        line
+    };
+    for page in 0..span_pages {
+        emit(out, page)?;
+    }
+    let mut rng = SplitMix64::new(seed);
+    let range = Range::new(span_pages);
+    for _ in 0..random_writes {
+        emit(out, rng.below(range))?;
+    }
+    Ok(())
+}
 
 pub fn parse(line: &str) -> Result<Option<Request>, FieldError> {
     let mut tokens = line.split_ascii_whitespace();

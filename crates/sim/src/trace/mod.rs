@@ -5,7 +5,7 @@
 //! and `--wrap` are the simulator's), or timing. docs/trace-formats.md describes each format.
 
 mod blkparse;
-mod disksim;
+pub mod disksim;
 mod fio;
 mod msr;
 pub mod nbdkit;
