@@ -22,7 +22,7 @@ pub fn write_rand4k(
 ) -> std::io::Result<()> {
     const PAGE_BYTES: u64 = 4096;
     const SECTORS_PER_PAGE: u64 = PAGE_BYTES / 512;
-    assert!(span_bytes >= PAGE_BYTES && span_bytes % PAGE_BYTES == 0);
+    assert!(span_bytes >= PAGE_BYTES && span_bytes.is_multiple_of(PAGE_BYTES));
     let span_pages = span_bytes / PAGE_BYTES;
     let mut arrival_ns = 0u64;
     let mut emit = |out: &mut dyn Write, page: u64| {
