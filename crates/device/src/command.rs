@@ -49,6 +49,10 @@ pub struct Command {
     pub fua: bool,
     /// With `WriteZeroes`: write the zeroes rather than deallocate the pages.
     pub no_hole: bool,
+    /// When the host submitted it (an NBD request's header read): the model's arrival, so the
+    /// time the server spends before the model takes it is inside the modelled latency, as a
+    /// device's controller time is. None: when the model takes it.
+    pub arrival: Option<std::time::Instant>,
 }
 
 /// Why a command failed. Each has the POSIX errno both NBD and the SQLite VFS report it as.

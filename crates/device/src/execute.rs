@@ -36,6 +36,7 @@ impl Device {
             length,
             fua: false,
             no_hole: false,
+            arrival: None,
         };
         // Not `alone`: the caller's thread does the pages (a hand-off to the store's pool and
         // back costs more than the pages of a SQLite write).
@@ -43,7 +44,8 @@ impl Device {
             .map(|_latency_ns| ())
     }
 
-    /// Applies one command; fills `out` for reads. Returns the simulated latency in ns.
+    /// Applies one command; fills `out` for reads. Returns the simulated latency in ns: from the
+    /// command's arrival (`Command::arrival`, else now) to its modelled completion.
     ///
     /// The data phase runs without the device lock (the store is thread-safe per page), so
     /// requests in flight compress and decompress in parallel; only partial pages take the
@@ -203,7 +205,10 @@ impl Device {
         // Model phase.
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests += 1;
-        let now = self.now_ns();
+        // The model takes requests in the order they reach its lock, its clock never going
+        // back: a request that arrived before the last one taken arrives with it.
+        let arrived_ns = r.arrival.map_or_else(|| self.now_ns(), |at| self.ns_at(at));
+        let now = arrived_ns.max(state.clock_ns);
         let piece = |op: Op, offset: u64, length: u64| FtlRequest {
             arrival_ns: now,
             op,
@@ -256,7 +261,7 @@ impl Device {
         if let Some(d) = &self.durable {
             d.sync_if_due(r.kind, fua)?;
         }
-        Ok(done - now)
+        Ok(done - arrived_ns)
     }
 
     /// `base:allocation` extents from the request's offset: pages never written or trimmed are

@@ -34,6 +34,7 @@ pub use options::{
     default_checkpoint_every_bytes, DeviceOptions, Durability, ExportSpec, Latency, Maintenance,
     BATCH_PAGES, DEFAULT_MAX_INFLIGHT_BYTES, MAX_REQUEST_BYTES,
 };
+pub use stats::Late;
 
 use durable::Durable;
 pub use durable::VolumeUse;
@@ -130,6 +131,8 @@ pub struct Device {
     /// What clients saw, per NBD command: wall-clock time from a request read to its reply
     /// written to the socket (with latency emulation, the hold included).
     client_latency: Mutex<OpHistograms>,
+    /// With latency emulation: replies that left after the model's completion (`stats::Late`).
+    late: Mutex<stats::Late>,
     /// The resolved configuration, for the statistics.
     config: Config,
     exports: Vec<Export>,
@@ -245,6 +248,7 @@ impl Device {
             denials: Mutex::default(),
             panic_next_request: AtomicBool::new(false),
             client_latency: Mutex::new(OpHistograms::default()),
+            late: Mutex::new(stats::Late::default()),
             config: config.clone(),
             budget: inflight,
             exports,
@@ -377,7 +381,12 @@ impl Device {
 
     /// The model's clock: wall-clock time since start, after the recovered requests' last.
     fn now_ns(&self) -> u64 {
-        self.clock_base_ns + self.started.elapsed().as_nanos() as u64
+        self.ns_at(Instant::now())
+    }
+
+    /// The model's clock at `at` (an instant before the device started counts as its start).
+    fn ns_at(&self, at: Instant) -> u64 {
+        self.clock_base_ns + at.saturating_duration_since(self.started).as_nanos() as u64
     }
 }
 

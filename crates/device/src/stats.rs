@@ -29,6 +29,8 @@ impl Device {
             "failure": self.failure(),
             "nbd_requests": nbd_requests,
             "client_latency_ns": self.client_latency(),
+            "late_replies": (self.options.latency != crate::Latency::None)
+                .then(|| self.late_replies()),
             "store": self.store.stats(),
             "inflight_bytes": self.budget.used_bytes(),
             "durable": self.durable.as_ref().map(|d| {
@@ -95,18 +97,45 @@ impl Device {
     }
 
     /// Counts the client latency of replies a front end just handed to its client: each
-    /// request's operation (None: a command that is not one) and when it was read.
-    pub fn replied(&self, timings: impl Iterator<Item = (Option<Op>, Instant)>) {
+    /// request's operation (None: a command that is not one), when it was read, and (latency
+    /// emulation) when the model completed it and when its reply began to be sent, so a reply
+    /// that left later is counted late.
+    pub fn replied(
+        &self,
+        timings: impl Iterator<Item = (Option<Op>, Instant, Option<(Instant, Instant)>)>,
+    ) {
         let now = Instant::now();
         let mut h = self
             .client_latency
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        for (op, read_at) in timings {
+        let mut late = Late::default();
+        for (op, read_at, due) in timings {
             if let Some(op) = op {
                 h.record(op, now.duration_since(read_at).as_nanos() as u64);
             }
+            if let Some((due, sent)) = due {
+                late.count(sent.saturating_duration_since(due).as_nanos() as u64);
+            }
         }
+        drop(h);
+        if late.held > 0 {
+            self.late
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add(&late);
+        }
+    }
+
+    /// Replies held for the model's latency so far, and those that left late.
+    pub fn late_replies(&self) -> Late {
+        *self.late.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The model's latency histograms (arrival to modelled completion) of every request so far.
+    pub fn model_latency_histograms(&self) -> OpHistograms {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.recorder.latency().clone()
     }
 
     /// The client latency histograms themselves (for the metrics' buckets).
@@ -166,5 +195,41 @@ impl Device {
             ),
             Err(e) => format!("dictionary training failed: {e}"),
         })
+    }
+}
+
+/// Replies held until the model's completion (latency emulation) and those that left late:
+/// when the server cannot keep up (the model's latency below what the host serves it in, or
+/// the host too busy to wake on time), the emulation is off by this much.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Late {
+    /// Replies held for the model's latency.
+    pub held: u64,
+    /// Those that left more than `LATE_AFTER_NS` after the model completed them.
+    pub late: u64,
+    /// How late those were, in all and at most.
+    pub late_total_ns: u64,
+    pub late_max_ns: u64,
+}
+
+impl Late {
+    /// A reply this much past its completion or less is on time: the wake-up precision the
+    /// delivery aims at (a few microseconds).
+    pub const LATE_AFTER_NS: u64 = 2_000;
+
+    fn count(&mut self, after_ns: u64) {
+        self.held += 1;
+        if after_ns > Self::LATE_AFTER_NS {
+            self.late += 1;
+            self.late_total_ns += after_ns;
+            self.late_max_ns = self.late_max_ns.max(after_ns);
+        }
+    }
+
+    fn add(&mut self, other: &Late) {
+        self.held += other.held;
+        self.late += other.late;
+        self.late_total_ns += other.late_total_ns;
+        self.late_max_ns = self.late_max_ns.max(other.late_max_ns);
     }
 }

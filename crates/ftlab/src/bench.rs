@@ -18,8 +18,9 @@ pub struct BenchArgs {
     /// the client's ceiling) separately; cache (a durable device's page cache, ARC against LRU,
     /// on zipf reads with and without scans); sweep (a 16-point grid on one thread and on two,
     /// `--repeat` alternating rounds); tls (ftlab serve's IOPS over NBD with TLS against
-    /// without, one server, fio alternating).
-    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache", "sweep", "tls"])]
+    /// without, one server, fio alternating); latency (does `serve --latency real` keep the
+    /// model's time: the model's latency beside fio's, per job, idle and with GC running).
+    #[arg(default_value = "all", value_parser = ["all", "steady", "replay", "persisted", "fdp", "store", "serve", "cache", "sweep", "tls", "latency"])]
     which: String,
     /// store: write the headline figures as JSON here.
     #[arg(long)]
@@ -27,7 +28,7 @@ pub struct BenchArgs {
     /// store: pages of real files taken from each corpus directory.
     #[arg(long, allow_negative_numbers = true, default_value_t = 40_000)]
     corpus_pages_per_dir: usize,
-    /// serve: seconds each fio job runs.
+    /// serve, tls, latency: seconds each fio job runs.
     #[arg(long, allow_negative_numbers = true, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     seconds: u32,
     /// serve, sweep: runs of each job per server (or pool), alternating; medians are reported.
@@ -40,7 +41,8 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     dirs: Vec<String>,
-    /// Skip the 64 GiB device (it needs about 2 GiB of RAM and a minute).
+    /// steady: skip the 64 GiB device (it needs about 2 GiB of RAM and a minute); latency:
+    /// only the QD 1 4 KiB jobs.
     #[arg(long)]
     quick: bool,
     /// Where the generated DiskSim trace is kept between runs.
@@ -260,6 +262,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.which == "tls" {
         return crate::bench_serve::run_tls(machine(), args.seconds, args.repeat);
+    }
+    if args.which == "latency" {
+        return crate::bench_latency::run(machine(), args.seconds, &args.work_dir, args.quick);
     }
     if args.which == "sweep" {
         return crate::bench_sweep::run(machine(), args.repeat, &args.work_dir);

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 mod bench;
 mod bench_cache;
+mod bench_latency;
 mod bench_serve;
 mod bench_store;
 mod bench_sweep;

@@ -184,7 +184,7 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
                 // per reply). Counted under the writer's lock, so no reply is left unflushed.
                 if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
                     w.flush().map_err(write_error)?;
-                    device.replied(unflushed.drain(..).map(|t| (t.op, t.read_at)));
+                    device.replied(unflushed.drain(..).map(|t| (t.op, t.read_at, None)));
                 }
                 Ok(())
             },
@@ -209,7 +209,9 @@ pub fn serve_connection_as<R: Incoming + Send, W: Write + Send>(
                 |reply, hold, timing, in_flight, charge| {
                     in_flight.fetch_sub(1, Ordering::AcqRel);
                     tx.send(delivery::Due {
-                        at: Instant::now() + hold,
+                        // Counted from the request's arrival: the time it took to execute is
+                        // inside the modelled latency (late only when it took longer).
+                        at: timing.read_at + hold,
                         seq: 0,
                         reply,
                         timing,
@@ -266,7 +268,7 @@ fn transmission_flags(device: &Device, structured: bool, target: Target) -> u16 
 
 /// The device's command for an NBD request; None for a command the device has none for
 /// (block status is answered apart, disconnect never gets here).
-fn device_command(r: &p::Request) -> Option<ftlab_device::Command> {
+fn device_command(r: &p::Request, arrival: Instant) -> Option<ftlab_device::Command> {
     let kind = match r.command {
         p::CMD_READ => CommandKind::Read,
         p::CMD_WRITE => CommandKind::Write,
@@ -282,6 +284,7 @@ fn device_command(r: &p::Request) -> Option<ftlab_device::Command> {
         length: r.length,
         fua: r.flags & p::CMD_FLAG_FUA != 0,
         no_hole: r.flags & p::CMD_FLAG_NO_HOLE != 0,
+        arrival: Some(arrival),
     })
 }
 

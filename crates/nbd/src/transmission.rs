@@ -80,7 +80,7 @@ pub(crate) fn transmission<'d, R: Incoming + Send>(
                             return;
                         }
                         match read_request(r, &mut payload, device.budget(), share) {
-                            Ok(Some((request, charge))) => {
+                            Ok(Some((request, charge, arrived))) => {
                                 let in_flight = in_flight.fetch_add(1, Ordering::AcqRel) + 1;
                                 // Asked only where the answer is used (a syscall).
                                 let big =
@@ -94,7 +94,7 @@ pub(crate) fn transmission<'d, R: Incoming + Send>(
                                     0
                                 };
                                 // A nonzero count already says this request is alone.
-                                (request, charge, *quiet >= QUIET_REQUESTS, Instant::now())
+                                (request, charge, *quiet >= QUIET_REQUESTS, arrived)
                             }
                             Ok(None) => {
                                 *done = true;
@@ -118,6 +118,7 @@ pub(crate) fn transmission<'d, R: Incoming + Send>(
                         &request,
                         &payload[..length],
                         alone,
+                        read_at,
                     );
                     // An idle connection keeps no large buffer (its charge is returned with the
                     // reply; this memory would otherwise stay with the connection).
@@ -149,21 +150,26 @@ pub(crate) fn transmission<'d, R: Incoming + Send>(
         .map_or(Ok(()), Err)
 }
 
-/// The next request, its payload (of a write) at the front of `payload`, and what it is charged
-/// (its payload or reply bytes, charged before they are read or made: `budget`); None at DISC or
-/// end of stream.
+/// A request read: the request, what it is charged, and when its header arrived.
+type RequestRead<'d> = (p::Request, budget::Charge<'d>, Instant);
+
+/// The next request, its payload (of a write) at the front of `payload`, what it is charged
+/// (its payload or reply bytes, charged before they are read or made: `budget`) and when its
+/// header was read (the host's submission: a write's payload transfer is the device's time, as
+/// a DMA is); None at DISC or end of stream.
 fn read_request<'d, R: Read>(
     r: &mut BufReader<R>,
     payload: &mut Vec<u8>,
     budget: &'d budget::InflightBudget,
     share: &'d budget::ConnectionShare,
-) -> Result<Option<(p::Request, budget::Charge<'d>)>, ConnectionError> {
+) -> Result<Option<RequestRead<'d>>, ConnectionError> {
     let mut h = [0u8; 28];
     match r.read_exact(&mut h) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(read_error(e, "request")),
     }
+    let arrived = Instant::now();
     let request = p::parse_request(&h)?;
     let data_bytes = match request.command {
         p::CMD_DISC => return Ok(None),
@@ -196,7 +202,7 @@ fn read_request<'d, R: Read>(
             at = end;
         }
     }
-    Ok(Some((request, charge)))
+    Ok(Some((request, charge, arrived)))
 }
 
 /// Executes one request: the reply bytes and how long to hold them. With structured replies
@@ -211,6 +217,7 @@ fn answer(
     request: &p::Request,
     payload: &[u8],
     alone: bool,
+    arrived: Instant,
 ) -> (Vec<u8>, Duration) {
     let structured = negotiated.structured;
     if request.command == p::CMD_BLOCK_STATUS && !device.draining() {
@@ -235,7 +242,7 @@ fn answer(
     // TRIM and WRITE_ZEROES carry none and may be longer, as the spec lets clients send them:
     // mkfs discards the whole device in one request, and refusing it kept that trim from the
     // FTL model.
-    let command = device_command(request);
+    let command = device_command(request, arrived);
     let result = if device.draining() {
         Err(p::ESHUTDOWN)
     } else if device.failure().is_some() {
@@ -343,8 +350,8 @@ fn error_message(request: &p::Request, errno: u32, failure: Option<&str>) -> Str
     )
 }
 
-/// When a request was read and which operation it was (None: a command that is not one),
-/// for the client latency.
+/// When a request's header was read and which operation it was (None: a command that is not
+/// one), for the client latency.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timing {
     pub(crate) read_at: Instant,

@@ -131,6 +131,24 @@ impl OpHistograms {
         (counts, h.len(), h.mean() * h.len() as f64)
     }
 
+    /// What was recorded after `earlier` was taken (`earlier` a clone of these histograms
+    /// then): a phase's latencies out of a running device's.
+    pub fn since(&self, earlier: &OpHistograms) -> OpHistograms {
+        let delta = |now: &Histogram<u64>, then: &Histogram<u64>| {
+            let mut d = now.clone();
+            // Same bounds, and every count then is still there now.
+            d.subtract(then)
+                .expect("an earlier copy of the same histogram");
+            d
+        };
+        OpHistograms {
+            read: delta(&self.read, &earlier.read),
+            write: delta(&self.write, &earlier.write),
+            trim: delta(&self.trim, &earlier.trim),
+            flush: delta(&self.flush, &earlier.flush),
+        }
+    }
+
     pub fn summaries(&self) -> OpLatencies {
         OpLatencies {
             read: summarize(&self.read),
@@ -159,6 +177,11 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// The latency histograms of every request recorded so far.
+    pub fn latency(&self) -> &OpHistograms {
+        &self.latency
+    }
+
     /// A recorder that keeps latencies and byte counts but no time series (a live device, whose
     /// series would grow for as long as it runs).
     pub fn without_series() -> Self {
