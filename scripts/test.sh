@@ -58,7 +58,7 @@ rm -rf target/wheels
 target/pyenv/bin/maturin build --release --out target/wheels
 target/pyenv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/ftlab-*.whl
 phase "pytest"
-FTLAB_BIN="$PWD/target/debug/ftlab" target/pyenv/bin/python -m pytest -q python/tests || status=$?
+FTLAB_SKIPPED_LOG="$PWD/$skipped_log" FTLAB_BIN="$PWD/target/debug/ftlab" target/pyenv/bin/python -m pytest -q python/tests || status=$?
 phase "done"
 if [ -s "$skipped_log" ]; then
   echo "SKIPPED: $(wc -l < "$skipped_log") test(s) could not run here and passed without testing:"

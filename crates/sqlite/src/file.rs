@@ -5,6 +5,7 @@
 use crate::cache::PAGE_BYTES;
 use crate::dev::{device_of, lock, open_dev, Dev};
 use crate::lock::{acquire, release};
+use crate::plain::PlainError;
 use crate::table::Kind;
 use crate::{
     DEFAULT_DEVICE_BYTES, DEFAULT_OVER_PROVISIONING, SECTOR_BYTES, SQLITE_OPEN_SUPER_JOURNAL,
@@ -12,7 +13,8 @@ use crate::{
 use ftlab_device::{IoError, LocalCommand};
 use rusqlite::ffi;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A file SQLite opened: on the device, or in memory (temporary files).
@@ -80,9 +82,38 @@ pub(crate) unsafe extern "C" fn x_open(
                     (!v.is_null())
                         .then(|| unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned())
                 };
-                let dir = param(c"device")
-                    .filter(|d| !d.is_empty() && d != ":memory:")
-                    .map(PathBuf::from);
+                // `device=` names the directory (empty or `:memory:`: in memory); without it,
+                // what `register_default` said for plain names (in memory unless told).
+                let dir = match param(c"device") {
+                    Some(d) => (!d.is_empty() && d != ":memory:").then(|| PathBuf::from(d)),
+                    None => match &*lock(crate::plain_names()) {
+                        crate::PlainNames::Memory => None,
+                        crate::PlainNames::Under(root) => {
+                            let create = flags & ffi::SQLITE_OPEN_CREATE != 0;
+                            // SAFETY: as above; the path's own bytes, not the lossy
+                            // name (an undecodable path is a path too).
+                            let path = std::ffi::OsStr::from_bytes(
+                                unsafe { CStr::from_ptr(name) }.to_bytes(),
+                            );
+                            match crate::plain::device_dir(root, Path::new(path), create) {
+                                Ok(dir) => Some(dir),
+                                // What a program may expect, as the unix VFS says it.
+                                Err(PlainError::Missing | PlainError::IsDirectory) => {
+                                    return ffi::SQLITE_CANTOPEN
+                                }
+                                Err(PlainError::Io { source, .. })
+                                    if source.kind() == std::io::ErrorKind::NotFound =>
+                                {
+                                    return ffi::SQLITE_CANTOPEN
+                                }
+                                Err(e) => {
+                                    eprintln!("ftlab sqlite: {full}: {e}");
+                                    return ffi::SQLITE_CANTOPEN;
+                                }
+                            }
+                        }
+                    },
+                };
                 let size = match param(c"size") {
                     None => DEFAULT_DEVICE_BYTES,
                     Some(s) => match ftlab_core::units::parse_size(&s).ok() {

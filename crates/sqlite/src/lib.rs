@@ -24,6 +24,7 @@ mod cache;
 mod dev;
 mod file;
 mod lock;
+mod plain;
 mod table;
 mod vfs;
 
@@ -31,6 +32,7 @@ pub use dev::{device_of, Dev, OpenError};
 use file::{x_open, File};
 use rusqlite::ffi;
 use std::ffi::{c_int, CStr};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use vfs::{
     x_access, x_current_time, x_current_time_int64, x_delete, x_full_pathname, x_get_last_error,
@@ -57,10 +59,17 @@ const WRITEBACK_PAGES: usize = 4 << 10;
 const RUN_PAGES: usize = 256;
 
 /// Registers the `ftlab` VFS with SQLite (once; later calls do nothing). Not the default VFS:
-/// databases ask for it by `vfs=ftlab`.
+/// databases ask for it by `vfs=ftlab` (or see [`register_default`]).
+///
+/// The VFS SQLite had as its default until now becomes the host that ftlab asks for what is
+/// no file's business (randomness, sleep, time): fixed here, so that making ftlab the default
+/// later never makes it its own host.
 pub fn register() -> Result<(), c_int> {
     static REGISTERED: OnceLock<c_int> = OnceLock::new();
     let rc = *REGISTERED.get_or_init(|| {
+        if let Err(rc) = vfs::set_host() {
+            return rc;
+        }
         let vfs = Box::leak(Box::new(ffi::sqlite3_vfs {
             iVersion: 2,
             szOsFile: std::mem::size_of::<File>() as c_int,
@@ -93,6 +102,104 @@ pub fn register() -> Result<(), c_int> {
     } else {
         Err(rc)
     }
+}
+
+/// Where a database opened without `device=` keeps its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlainNames {
+    /// In process memory, shared by the connections to that name while one is open.
+    Memory,
+    /// A durable device directory under this one per database name (the name escaped to one
+    /// path component, [`device_dir_for`]), and at the name's own path a small marker file, so
+    /// that the program sees the file it expects: made by an open that may create, absent
+    /// otherwise, a new database once the program deleted it. Names are made absolute, as the
+    /// unix VFS makes them.
+    Under(PathBuf),
+}
+
+/// The environment variable the loadable extension reads when loaded: set, it makes ftlab
+/// SQLite's default VFS, its value a directory under which plain database names get their
+/// devices ([`PlainNames::Under`]), or `:memory:` ([`PlainNames::Memory`]).
+pub const DEFAULT_ENV: &str = "FTLAB_SQLITE_DEFAULT";
+
+/// Registers the `ftlab` VFS as SQLite's default, so that programs which open plain file names
+/// (`sqlite3.connect("app.db")`) keep their databases on ftlab devices: each main database
+/// opened without `device=` gets its device as `plain` says. The VFS that was the default
+/// before stays ftlab's host (randomness, sleep, time). Called again, the latest `plain` holds.
+pub fn register_default(plain: PlainNames) -> Result<(), c_int> {
+    register()?;
+    if let PlainNames::Under(root) = &plain {
+        if let Err(e) = std::fs::create_dir_all(root) {
+            eprintln!("ftlab sqlite: {}: {e}", root.display());
+            return Err(ffi::SQLITE_CANTOPEN);
+        }
+    }
+    *dev::lock(plain_names()) = plain;
+    // SAFETY: the VFS `register` registered, found by its name; registering it again with 1
+    // moves it to the head of SQLite's list, which is the default.
+    let rc = unsafe {
+        let vfs = ffi::sqlite3_vfs_find(VFS_NAME.as_ptr());
+        if vfs.is_null() {
+            return Err(ffi::SQLITE_ERROR);
+        }
+        ffi::sqlite3_vfs_register(vfs, 1)
+    };
+    if rc == ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(rc)
+    }
+}
+
+/// What [`DEFAULT_ENV`] asks for: `None` unset or empty.
+pub fn plain_names_from_env() -> Option<PlainNames> {
+    let v = std::env::var_os(DEFAULT_ENV)?;
+    if v.is_empty() {
+        None
+    } else if v == ":memory:" {
+        Some(PlainNames::Memory)
+    } else {
+        Some(PlainNames::Under(PathBuf::from(v)))
+    }
+}
+
+pub(crate) fn plain_names() -> &'static std::sync::Mutex<PlainNames> {
+    static PLAIN: OnceLock<std::sync::Mutex<PlainNames>> = OnceLock::new();
+    PLAIN.get_or_init(|| std::sync::Mutex::new(PlainNames::Memory))
+}
+
+/// The device directory a database name gets under `root`: the name as one path component,
+/// every byte but ASCII letters, digits, `_`, `-` and `.` (and a leading `.`) written `%XX`;
+/// one longer than 200 bytes is cut, with a hash of the whole name after `~`, so that two
+/// names never share a directory by accident; the empty name is `%`.
+pub fn device_dir_for(root: &std::path::Path, name: &str) -> PathBuf {
+    device_dir_for_bytes(root, name.as_bytes())
+}
+
+/// As [`device_dir_for`], for a name that need not be UTF-8 (a path's bytes).
+pub(crate) fn device_dir_for_bytes(root: &std::path::Path, name: &[u8]) -> PathBuf {
+    let mut escaped = String::with_capacity(name.len());
+    for (i, &b) in name.iter().enumerate() {
+        let plain = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
+        if plain {
+            escaped.push(b as char);
+        } else {
+            escaped.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if escaped.is_empty() {
+        // Never the root itself; no escaped name is a lone `%`.
+        escaped.push('%');
+    }
+    if escaped.len() > 200 {
+        // FNV-1a: stable across builds and platforms, unlike std's hasher.
+        let hash = name.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        escaped.truncate(180);
+        escaped.push_str(&format!("~{hash:016x}"));
+    }
+    root.join(escaped)
 }
 
 #[cfg(test)]

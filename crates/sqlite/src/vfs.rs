@@ -6,6 +6,8 @@ use crate::file::{guard, trim_from};
 use crate::table::{FileMeta, Kind};
 use rusqlite::ffi;
 use std::ffi::{c_char, c_int, CStr};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
 /// The database a journal or WAL name belongs to, and the device it is open on.
@@ -80,9 +82,22 @@ pub(crate) unsafe extern "C" fn x_full_pathname(
     out: *mut c_char,
 ) -> c_int {
     guard(|| {
-        // Names are keys of the device's table, not paths: kept as given.
         // SAFETY: SQLite passes a NUL-terminated name and `out_bytes` of room.
-        let bytes = unsafe { CStr::from_ptr(name) }.to_bytes_with_nul();
+        let given = unsafe { CStr::from_ptr(name) };
+        // Names are keys of the device's table, kept as given; but plain names with a device
+        // root are paths too (their markers'), absolute as the unix VFS makes them, so that a
+        // change of directory does not change the database.
+        let absolute = match &*lock(crate::plain_names()) {
+            crate::PlainNames::Under(_) if !given.to_bytes().starts_with(b"/") => {
+                let relative = std::ffi::OsStr::from_bytes(given.to_bytes());
+                match std::path::absolute(relative) {
+                    Ok(p) => std::ffi::CString::new(p.into_os_string().into_vec()).ok(),
+                    Err(_) => return ffi::SQLITE_CANTOPEN,
+                }
+            }
+            _ => None,
+        };
+        let bytes = absolute.as_deref().unwrap_or(given).to_bytes_with_nul();
         if bytes.len() > out_bytes as usize {
             return ffi::SQLITE_CANTOPEN;
         }
@@ -92,10 +107,39 @@ pub(crate) unsafe extern "C" fn x_full_pathname(
     })
 }
 
-/// The default VFS, for what is no file's business (randomness, sleep, time).
-pub(crate) fn host() -> *mut ffi::sqlite3_vfs {
-    // SAFETY: null asks for the default VFS, registered by SQLite at initialisation.
-    unsafe { ffi::sqlite3_vfs_find(std::ptr::null()) }
+/// The VFS ftlab asks for what is no file's business (randomness, sleep, time): SQLite's
+/// default when ftlab registered, never ftlab itself (asking "the default" at each call would
+/// recurse for ever once ftlab is the default).
+static HOST: AtomicPtr<ffi::sqlite3_vfs> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Fixes the host: SQLite's default now, or its `unix` VFS if the default is an ftlab already
+/// (another copy of this library, loaded and made the default).
+pub(crate) fn set_host() -> Result<(), c_int> {
+    let is_ftlab = |v: *mut ffi::sqlite3_vfs| {
+        // SAFETY: a registered VFS has a NUL-terminated name that lives as long as it does.
+        !v.is_null() && unsafe { CStr::from_ptr((*v).zName) } == crate::VFS_NAME
+    };
+    // SAFETY: null asks for the default VFS; a name for that one.
+    let mut host = unsafe { ffi::sqlite3_vfs_find(std::ptr::null()) };
+    if is_ftlab(host) {
+        // SAFETY: as above.
+        host = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
+    }
+    if host.is_null() || is_ftlab(host) {
+        eprintln!("ftlab sqlite: no host VFS (SQLite's default is ftlab, and no unix VFS)");
+        return Err(ffi::SQLITE_ERROR);
+    }
+    HOST.store(host, Ordering::Release);
+    Ok(())
+}
+
+fn host() -> *mut ffi::sqlite3_vfs {
+    let h = HOST.load(Ordering::Acquire);
+    assert!(
+        !h.is_null(),
+        "register() fixes the host before the VFS exists"
+    );
+    h
 }
 
 pub(crate) unsafe extern "C" fn x_randomness(
