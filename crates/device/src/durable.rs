@@ -21,6 +21,8 @@ pub(crate) struct Durable {
     /// The last record known durable (its sequence number).
     pub(crate) synced_seq: AtomicU64,
     pub(crate) syncs: AtomicU64,
+    /// Held by the one FLUSH syncing the log (`sync`), outside `data`'s lock.
+    pub(crate) sync_turn: Mutex<()>,
     pub(crate) mode: Durability,
     pub(crate) dir: std::path::PathBuf,
     /// A checkpoint is written once this many bytes were appended since the last.
@@ -159,16 +161,26 @@ impl Durable {
         Ok(())
     }
 
-    /// Makes every record appended so far durable. A flush that finds its records already
-    /// synced by another (group commit) returns at once.
+    /// Makes every record appended so far durable. One sync at a time: a flush that waited
+    /// for another and finds its records synced by it (group commit) returns at once. The
+    /// `fdatasync` runs without the directory's lock, so that writes go on being appended
+    /// meanwhile, as a file system takes writes while another thread's fsync runs; holding it
+    /// stopped every write for each FLUSH's sync.
     pub(crate) fn sync(&self) -> Result<(), IoError> {
-        let mut data = self.lock();
-        if data.read_only() || data.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let seq = data.commit().map_err(|e| self.refused(&e))?;
+        let _one_sync = self.sync_turn.lock().unwrap_or_else(|p| p.into_inner());
+        let (seq, ticket) = {
+            let mut data = self.lock();
+            if data.read_only() || data.last_seq() <= self.synced_seq.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            data.commit_begin().map_err(|e| self.refused(&e))?
+        };
+        let synced = ticket.sync();
+        self.lock()
+            .commit_end(synced)
+            .map_err(|e| self.refused(&e))?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.synced_seq.store(seq, Ordering::Release);
+        self.synced_seq.fetch_max(seq, Ordering::AcqRel);
         Ok(())
     }
 }
@@ -481,6 +493,7 @@ impl Device {
                 data: Mutex::new(data),
                 synced_seq: AtomicU64::new(synced),
                 syncs: AtomicU64::new(0),
+                sync_turn: Mutex::new(()),
                 mode: options.durability,
                 dir: dir.to_path_buf(),
                 checkpoint_every_bytes: options.checkpoint_every_bytes.unwrap_or_else(|| {

@@ -591,6 +591,17 @@ impl DataDir {
         self.writer().commit()
     }
 
+    /// `commit` in halves (`LogWriter::commit_begin`): the `fdatasync` is the ticket's, run
+    /// without this directory's lock, so that writes are not held up behind it.
+    pub fn commit_begin(&mut self) -> Result<(u64, log::SyncTicket), LogError> {
+        self.writer().commit_begin()
+    }
+
+    /// The end of `commit_begin`'s commit, with its ticket's sync result.
+    pub fn commit_end(&mut self, synced: std::io::Result<()>) -> Result<(), LogError> {
+        self.writer().commit_end(synced)
+    }
+
     /// The last sequence number appended.
     pub fn last_seq(&self) -> u64 {
         self.writer

@@ -725,4 +725,39 @@ mod tests {
         assert!(r.records.iter().any(|r| r.seq == durable));
         assert!(pages.starts_with(&[1]) && !pages.contains(&3), "{pages:?}");
     }
+    /// A commit in halves (its fdatasync outside the caller's lock) holds as `commit` does: a
+    /// failed sync breaks the writer, and a sync that succeeded after another of the writer's
+    /// syncs failed meanwhile is refused too (Linux tells one sync of a file its error).
+    #[test]
+    fn a_commit_in_halves_is_refused_after_any_failed_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _) = LogWriter::open(dir.path(), 1 << 20).unwrap();
+        w.append_page(1, &[1u8; 4096]).unwrap();
+        let (seq, ticket) = w.commit_begin().unwrap();
+        // Records go on being appended while the ticket syncs.
+        w.append_page(2, &[2u8; 4096]).unwrap();
+        ticket.sync().unwrap();
+        w.commit_end(Ok(())).unwrap();
+        let r = recover(dir.path()).unwrap();
+        assert!(r
+            .records
+            .iter()
+            .any(|r| r.seq == seq && r.kind == Kind::Commit));
+
+        let (_, ticket) = w.commit_begin().unwrap();
+        // Another sync of the writer (a full commit) fails while the ticket is out.
+        w.fail_next_sync = true;
+        assert!(w.commit().unwrap_err().is_broken());
+        assert!(ticket.sync().is_ok());
+        assert!(w.commit_end(Ok(())).unwrap_err().is_broken());
+
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, _) = LogWriter::open(dir.path(), 1 << 20).unwrap();
+        w.append_page(1, &[1u8; 4096]).unwrap();
+        w.fail_next_sync = true;
+        let (_, ticket) = w.commit_begin().unwrap();
+        let e = w.commit_end(ticket.sync()).unwrap_err();
+        assert!(e.to_string().contains("fsync failed"), "{e}");
+        assert!(w.commit().unwrap_err().is_broken());
+    }
 }

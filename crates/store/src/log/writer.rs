@@ -4,12 +4,14 @@
 
 use super::*;
 use std::fs::OpenOptions;
+use std::sync::Arc;
 
 /// Appends records to the last segment of a directory, starting a new segment past
 /// `segment_bytes`.
 pub struct LogWriter {
     dir: PathBuf,
-    file: File,
+    /// Shared with a [`SyncTicket`], which syncs it outside the caller's lock.
+    file: Arc<File>,
     index: u64,
     bytes: usize,
     segment_bytes: usize,
@@ -92,7 +94,7 @@ impl LogWriter {
             .map_err(io)?;
         Ok(LogWriter {
             dir: dir.to_path_buf(),
-            file,
+            file: Arc::new(file),
             index,
             bytes,
             segment_bytes: segment_bytes.max(SEGMENT_HEADER_BYTES + 1),
@@ -197,13 +199,14 @@ impl LogWriter {
             return Ok(());
         }
         let start = (self.bytes - self.pending.len()) as u64;
-        if let Err(cause) = self.file.write_all(&self.pending) {
+        if let Err(cause) = (&*self.file).write_all(&self.pending) {
             self.stalled = true;
             use std::io::Seek;
-            let cut = self
-                .file
-                .set_len(start)
-                .and_then(|()| self.file.seek(std::io::SeekFrom::Start(start)).map(drop));
+            let cut = self.file.set_len(start).and_then(|()| {
+                (&*self.file)
+                    .seek(std::io::SeekFrom::Start(start))
+                    .map(drop)
+            });
             if let Err(e) = cut {
                 self.broken = true;
                 return Err(LogError::Broken {
@@ -303,6 +306,41 @@ impl LogWriter {
         Ok(seq)
     }
 
+    /// A commit in two halves, for a caller whose lock guards this writer: here (under the
+    /// lock) the commit record is appended and everything written to the file; the ticket's
+    /// `sync` (outside it, while other records go on being appended) is the `fdatasync`; then
+    /// [`LogWriter::commit_end`] (under the lock again) says whether the commit holds. One
+    /// ticket at a time: a caller serialises its syncs (see `commit_end` for why).
+    pub fn commit_begin(&mut self) -> Result<(u64, SyncTicket), LogError> {
+        let seq = self.append(Kind::Commit, 0, 0, 0, &[])?;
+        self.flush()?;
+        let ticket = SyncTicket {
+            file: Arc::clone(&self.file),
+            #[cfg(test)]
+            fail: std::mem::take(&mut self.fail_next_sync),
+        };
+        Ok((seq, ticket))
+    }
+
+    /// The end of a commit begun by `commit_begin`, with its ticket's `sync` result. A failed
+    /// sync breaks the writer, as in `commit`. A successful one holds only if no other sync of
+    /// this writer failed meanwhile (a segment's roll syncs the same file): Linux reports a
+    /// write-back error to one sync of a file, so the other may return success over pages
+    /// the kernel dropped; the writer broken by that one says so here.
+    pub fn commit_end(&mut self, synced: std::io::Result<()>) -> Result<(), LogError> {
+        match synced {
+            Err(cause) => {
+                self.broken = true;
+                Err(LogError::SyncFailed {
+                    path: segment_path(&self.dir, self.index),
+                    cause,
+                })
+            }
+            Ok(()) if self.broken => Err(self.broken_error()),
+            Ok(()) => Ok(()),
+        }
+    }
+
     /// `fdatasync` of the segment being appended to; a failure breaks the writer
     /// (`LogError::SyncFailed`): what the kernel failed to write back it may have dropped.
     fn sync(&mut self) -> Result<(), LogError> {
@@ -353,11 +391,31 @@ impl LogWriter {
             return Err(io(cause));
         }
         sync_dir(&self.dir)?;
-        self.file = file;
+        self.file = Arc::new(file);
         self.index = index;
         self.bytes = SEGMENT_HEADER_BYTES;
         self.appended_bytes += SEGMENT_HEADER_BYTES as u64;
         Ok(())
+    }
+}
+
+/// The `fdatasync` half of a commit (`LogWriter::commit_begin`), to run outside the lock that
+/// guards the writer.
+pub struct SyncTicket {
+    file: Arc<File>,
+    #[cfg(test)]
+    fail: bool,
+}
+
+impl SyncTicket {
+    /// `fdatasync` of the segment the commit record went to: durable then are the commit and
+    /// everything before it (earlier segments were synced when they were closed).
+    pub fn sync(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.fail {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.file.sync_data()
     }
 }
 
