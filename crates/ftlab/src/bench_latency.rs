@@ -316,6 +316,16 @@ fn precondition(served: &Served, bytes: u64, overwrite: bool) -> Result<()> {
     Ok(())
 }
 
+/// The grid's cells (rw, bs, iodepth), in the table's order: reads and writes, 4 KiB and
+/// 128 KiB, QD 1 and 32; only QD 1 4 KiB when `qd1_4k_only` (`--quick`, the floor rows).
+fn cells(qd1_4k_only: bool) -> impl Iterator<Item = (&'static str, &'static str, u32)> {
+    ["randread", "randwrite"]
+        .into_iter()
+        .flat_map(|rw| ["4k", "128k"].into_iter().map(move |bs| (rw, bs)))
+        .flat_map(|(rw, bs)| [1u32, 32].into_iter().map(move |qd| (rw, bs, qd)))
+        .filter(move |&(_, bs, qd)| !qd1_4k_only || (qd == 1 && bs == "4k"))
+}
+
 /// `quick`: the QD 1 4 KiB cells only.
 pub fn run(machine: String, seconds: u32, work_dir: &Path, quick: bool) -> Result<()> {
     std::fs::create_dir_all(work_dir)
@@ -329,8 +339,6 @@ pub fn run(machine: String, seconds: u32, work_dir: &Path, quick: bool) -> Resul
     );
     println!("| device | job | model | fio | server | fio - model | late | server CPU us/IO | WAF | mean within 5 % + 5 us | p99 within 10 % |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let sizes = ["4k", "128k"];
-    let depths = [1u32, 32];
     // Idle: reads over the first GiB, written once; writes to the second, never written, and
     // at most 256 MiB a cell, so that no cell makes the device collect garbage.
     const GIB: u64 = 1 << 30;
@@ -343,29 +351,22 @@ pub fn run(machine: String, seconds: u32, work_dir: &Path, quick: bool) -> Resul
         };
         let served = serve(work_dir, "idle", device(4 * GIB, latency)?)?;
         precondition(&served, GIB, false)?;
-        for rw in ["randread", "randwrite"] {
-            for bs in sizes {
-                for iodepth in depths {
-                    if (latency == Latency::None || quick) && (iodepth != 1 || bs != "4k") {
-                        continue;
-                    }
-                    let reads = rw == "randread";
-                    let job = Job {
-                        rw,
-                        bs,
-                        iodepth,
-                        offset: if reads { 0 } else { GIB + gib_written },
-                        size: GIB,
-                        io_limit: if reads { 0 } else { 256 << 20 },
-                        beside: None,
-                    };
-                    if !reads {
-                        gib_written += 256 << 20;
-                    }
-                    let cell = measure(&served, &job, seconds)?;
-                    row(name, &job, &cell, latency == Latency::Real);
-                }
+        for (rw, bs, iodepth) in cells(latency == Latency::None || quick) {
+            let reads = rw == "randread";
+            let job = Job {
+                rw,
+                bs,
+                iodepth,
+                offset: if reads { 0 } else { GIB + gib_written },
+                size: GIB,
+                io_limit: if reads { 0 } else { 256 << 20 },
+                beside: None,
+            };
+            if !reads {
+                gib_written += 256 << 20;
             }
+            let cell = measure(&served, &job, seconds)?;
+            row(name, &job, &cell, latency == Latency::Real);
         }
         gib_written = 0;
     }
@@ -374,26 +375,34 @@ pub fn run(machine: String, seconds: u32, work_dir: &Path, quick: bool) -> Resul
     let bytes = 512 << 20;
     let served = serve(work_dir, "gc", device(bytes, Latency::Real)?)?;
     precondition(&served, bytes, true)?;
-    for rw in ["randread", "randwrite"] {
-        for bs in sizes {
-            for iodepth in depths {
-                if quick && (iodepth != 1 || bs != "4k") {
-                    continue;
-                }
-                let reads = rw == "randread";
-                let job = Job {
-                    rw,
-                    bs,
-                    iodepth,
-                    offset: 0,
-                    size: bytes,
-                    io_limit: 0,
-                    beside: reads.then_some("randwrite"),
-                };
-                let cell = measure(&served, &job, seconds)?;
-                row("GC running", &job, &cell, true);
-            }
-        }
+    for (rw, bs, iodepth) in cells(quick) {
+        let reads = rw == "randread";
+        let job = Job {
+            rw,
+            bs,
+            iodepth,
+            offset: 0,
+            size: bytes,
+            io_limit: 0,
+            beside: reads.then_some("randwrite"),
+        };
+        let cell = measure(&served, &job, seconds)?;
+        row("GC running", &job, &cell, true);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The grid is the eight cells in the table's order; the quick one its two QD 1
+    /// 4 KiB cells.
+    #[test]
+    fn the_grid_has_every_cell_once_and_quick_only_qd1_4k() {
+        let all: Vec<_> = super::cells(false).collect();
+        assert_eq!(all.len(), 8);
+        assert_eq!(all[0], ("randread", "4k", 1));
+        assert_eq!(all[7], ("randwrite", "128k", 32));
+        let quick: Vec<_> = super::cells(true).collect();
+        assert_eq!(quick, [("randread", "4k", 1), ("randwrite", "4k", 1)]);
+    }
 }
